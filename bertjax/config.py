@@ -1,0 +1,164 @@
+"""The run config's common skeleton, its validation, and the values derived from it (never stored twice).
+
+configs/*.py start from `defaults()` and set their paper's recipe; every key is overridable from the
+command line (`--config.model.hidden_size=256`). Objective weights of 0 switch an objective off, so any
+combination is a command-line change: `--config.objectives.sop=1 --config.objectives.nsp=0`.
+"""
+
+import jax.numpy as jnp
+import ml_collections
+
+from bertjax import masking
+from bertjax.errors import UserError
+from bertjax.model.encoder import REMAT_POLICIES, SHARING_MODES, EncoderConfig
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def defaults() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  # Run.
+  c.seed = 0  # every random choice (data order, pairs, masks, dropout, sampling) derives from it
+  c.batch_size = 256  # global batch, split over processes and devices
+  c.seq_len = 128  # tokens per example
+  c.total_steps = 1_000_000
+  c.warmup_steps = 10_000
+  c.learning_rate = 1e-4  # peak
+  c.grad_accum_steps = 1  # microbatches per step (lax.scan inside the step)
+  c.sharding = "dp"  # dp | fsdp | fsdp_tp (bertjax.sharding.PRESETS)
+  c.mesh = dict(data=0, fsdp=0, tensor=0)  # mesh axis sizes; 0 keeps the preset's
+  c.init_from = ""  # a checkpoint to take weights from (a new run), not a resume
+  c.overwrite = False  # allow a workdir holding another config's run to be replaced
+  # Data.
+  c.data = dict(
+      source="demo",  # demo | text:GLOB
+      tokenizer="",  # spm:PATH | wordpiece:PATH[:cased]; empty: train SentencePiece on the source (cached)
+      split_paragraphs=False,  # text: split each line into sentences (a paragraph per line)
+      eval_fraction=0.1,  # documents held out for eval
+      short_seq_prob=0.1,  # BERT: share of pair instances with a shorter random target length
+      dupe_factor=5,  # passes over the corpus with different pairings
+      cache_dir="",  # tokenizer cache; empty: $BERTJAX_CACHE or ~/.cache/bertjax
+  )
+  # Masking (max_predictions is derived: ceil(seq_len * mask_prob)).
+  c.masking = dict(
+      scheme="token",  # token | whole_word | ngram | span
+      mask_prob=0.15,
+      mask_token_prob=0.8,  # of the chosen tokens: share replaced by [MASK]
+      random_token_prob=0.1,  # ... by a random token (the rest stay as they are)
+      max_ngram=3,  # ngram scheme
+      span_p=0.2,  # span scheme: geometric parameter
+      max_span=10,  # span scheme: longest span in words
+  )
+  # Model.
+  c.model = dict(
+      vocab_size=30522,
+      hidden_size=768,
+      num_layers=12,
+      num_heads=12,
+      intermediate_size=3072,
+      embedding_size=0,  # E; 0 = hidden_size (no factorization)
+      max_positions=512,
+      type_vocab_size=2,
+      dropout=0.1,
+      attention_dropout=0.1,
+      layer_norm_eps=1e-12,
+      init_std=0.02,
+      sharing="none",  # none | all | attention | ffn (ALBERT cross-layer sharing)
+      num_hidden_groups=1,  # ALBERT: distinct parameter sets of the shared blocks
+      generator_fraction=0.0,  # ELECTRA: generator width as a fraction of the discriminator's
+      sample_temperature=1.0,  # ELECTRA: generator sampling temperature
+      dtype="float32",  # compute dtype: float32 | bfloat16 (params stay float32)
+      remat="none",  # none | full | dots | dots_no_batch
+  )
+  # Objectives: name -> weight; 0 switches one off.
+  c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0)
+  # Optimizer.
+  c.optimizer = dict(
+      name="adamw",  # adamw | lamb
+      b1=0.9,
+      b2=0.999,
+      eps=1e-6,
+      weight_decay=0.01,  # not applied to biases and LayerNorm
+      clip_norm=1.0,  # global gradient norm
+      schedule="linear",  # linear warmup then linear | cosine decay to 0
+  )
+  # Logging, checkpoints, eval.
+  c.log_every = 100
+  c.eval_every = 1000
+  c.eval_batch_size = 0  # 0 = batch_size
+  c.checkpoint_every = 10_000
+  c.keep_checkpoints = 3
+  return c
+
+
+def active_objectives(config) -> dict:
+  """The objectives with a nonzero weight, in a fixed order."""
+  return {k: float(v) for k, v in sorted(config.objectives.items()) if v}
+
+
+def encoder_config(m, generator: bool = False) -> EncoderConfig:
+  """The frozen EncoderConfig of the main network, or of the ELECTRA generator (widths scaled)."""
+  f = m.generator_fraction if generator else 1.0
+  hidden = int(m.hidden_size * f)
+  return EncoderConfig(
+      vocab_size=m.vocab_size, hidden_size=hidden, num_layers=m.num_layers,
+      num_heads=max(1, int(m.num_heads * f)), intermediate_size=int(m.intermediate_size * f),
+      embedding_size=m.embedding_size or m.hidden_size, max_positions=m.max_positions,
+      type_vocab_size=m.type_vocab_size, dropout=m.dropout, attention_dropout=m.attention_dropout,
+      layer_norm_eps=m.layer_norm_eps, init_std=m.init_std, sharing=m.sharing,
+      num_groups=m.num_hidden_groups if m.sharing != "none" else 1, dtype=DTYPES[m.dtype], remat=m.remat)
+
+
+def masking_config(config) -> masking.MaskingConfig:
+  k = config.masking
+  return masking.MaskingConfig(
+      scheme=k.scheme, mask_prob=k.mask_prob, max_predictions=masking.max_predictions(config.seq_len, k.mask_prob),
+      mask_token_prob=k.mask_token_prob, random_token_prob=k.random_token_prob, max_ngram=k.max_ngram,
+      span_p=k.span_p, max_span=k.max_span)
+
+
+def _check(ok: bool, message: str):
+  if not ok:
+    raise UserError(message)
+
+
+def validate(config):
+  """Checks that the config is self-consistent; raises UserError with the fix on the first problem."""
+  m = config.model
+  _check(m.hidden_size % m.num_heads == 0,
+         f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; "
+         "change one of them so that the head width is whole")
+  _check(config.seq_len <= m.max_positions,
+         f"seq_len={config.seq_len} exceeds the position table (model.max_positions={m.max_positions}); "
+         "lower --config.seq_len or raise --config.model.max_positions")
+  _check(config.seq_len >= 8, f"seq_len={config.seq_len} is too short for a [CLS] A [SEP] B [SEP] pair; use >= 8")
+  _check(m.sharing in SHARING_MODES, f"model.sharing={m.sharing!r}; use one of {', '.join(SHARING_MODES)}")
+  _check(m.remat in REMAT_POLICIES, f"model.remat={m.remat!r}; use one of {', '.join(REMAT_POLICIES)}")
+  _check(m.dtype in DTYPES, f"model.dtype={m.dtype!r}; use one of {', '.join(DTYPES)}")
+  _check(m.num_hidden_groups >= 1 and m.num_layers % m.num_hidden_groups == 0,
+         f"model.num_hidden_groups={m.num_hidden_groups} must divide model.num_layers={m.num_layers}")
+  _check(config.masking.scheme in masking.SCHEMES,
+         f"masking.scheme={config.masking.scheme!r}; use one of {', '.join(masking.SCHEMES)}")
+  _check(0 < config.masking.mask_prob < 1, f"masking.mask_prob={config.masking.mask_prob} must be in (0, 1)")
+  _check(config.masking.mask_token_prob + config.masking.random_token_prob <= 1,
+         "masking.mask_token_prob + masking.random_token_prob must not exceed 1")
+  unknown = set(config.objectives) - {"mlm", "nsp", "sop", "rtd"}
+  _check(not unknown, f"unknown objectives {sorted(unknown)}; use mlm, nsp, sop, rtd")
+  objectives = active_objectives(config)
+  _check(bool(objectives), "no objective has a nonzero weight; set e.g. --config.objectives.mlm=1")
+  _check("mlm" in objectives, "every setup here trains an MLM head (ELECTRA's generator included); set --config.objectives.mlm")
+  _check(("rtd" in objectives) == (m.generator_fraction > 0),
+         "the rtd objective needs a generator and a generator needs rtd: set both "
+         "--config.objectives.rtd and --config.model.generator_fraction, or neither")
+  _check(m.type_vocab_size >= 2 or not ({"nsp", "sop"} & set(objectives)),
+         "NSP/SOP pairs need model.type_vocab_size >= 2")
+  _check(config.optimizer.name in ("adamw", "lamb"), f"optimizer.name={config.optimizer.name!r}; use adamw or lamb")
+  _check(config.optimizer.schedule in ("linear", "cosine"),
+         f"optimizer.schedule={config.optimizer.schedule!r}; use linear or cosine")
+  _check(config.batch_size % config.grad_accum_steps == 0,
+         f"batch_size={config.batch_size} is not divisible by grad_accum_steps={config.grad_accum_steps}")
+  _check(0 <= config.warmup_steps <= config.total_steps,
+         f"warmup_steps={config.warmup_steps} must be between 0 and total_steps={config.total_steps}")
+  _check(0 < config.data.eval_fraction < 1, f"data.eval_fraction={config.data.eval_fraction} must be in (0, 1)")
+  for key in ("log_every", "eval_every", "checkpoint_every", "total_steps", "batch_size"):
+    _check(config[key] > 0, f"{key}={config[key]} must be positive")

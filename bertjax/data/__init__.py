@@ -1,0 +1,1 @@
+"""Data: sources, tokenizers, instances and the deterministic loader."""

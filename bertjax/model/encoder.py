@@ -1,0 +1,241 @@
+"""The BERT-family encoder: embeddings, post-LN transformer layers scanned over depth, ALBERT sharing.
+
+One encoder serves BERT, RoBERTa, ALBERT and ELECTRA. Its hyperparameters come in a frozen
+`EncoderConfig`; every parameter carries logical axis names (bertjax.sharding) so that sharding is a
+config choice. Layers run under `nn.scan` (stacked parameters, compile time flat in depth). ALBERT's
+cross-layer sharing keeps a shared block once per group *outside* the scan and hands it to every scanned
+layer, so all sharing modes are the same scanned layer with a different set of blocks it owns.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from bertjax import sharding as sh
+
+SHARING_MODES = ("none", "all", "attention", "ffn")
+REMAT_POLICIES = {
+    "none": None,  # keep every activation: fastest, most memory
+    "full": jax.checkpoint_policies.nothing_saveable,  # recompute the whole layer in the backward pass
+    "dots": jax.checkpoint_policies.checkpoint_dots,  # keep matmul outputs, recompute the cheap rest
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,  # keep weight matmuls only
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+  """Hyperparameters of one encoder (the layers see nothing else of the run config)."""
+
+  vocab_size: int
+  hidden_size: int
+  num_layers: int
+  num_heads: int
+  intermediate_size: int
+  embedding_size: int  # E: equals hidden_size unless embeddings are factorized (ALBERT, ELECTRA-small)
+  max_positions: int = 512
+  type_vocab_size: int = 2
+  dropout: float = 0.1
+  attention_dropout: float = 0.1
+  layer_norm_eps: float = 1e-12
+  init_std: float = 0.02
+  sharing: str = "none"  # which blocks all layers of a group share: none | all | attention | ffn
+  num_groups: int = 1  # ALBERT num_hidden_groups: distinct parameter sets of the shared blocks
+  dtype: Any = jnp.float32  # compute dtype; parameters stay float32
+  remat: str = "none"  # key of REMAT_POLICIES
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+
+def _init(cfg: EncoderConfig, names):
+  """Truncated-normal(0.02) initializer (BERT's) carrying logical axis names."""
+  return nn.with_logical_partitioning(nn.initializers.truncated_normal(cfg.init_std), names)
+
+
+def _zeros(names):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def _ones(names):
+  return nn.with_logical_partitioning(nn.initializers.ones_init(), names)
+
+
+def layer_norm(cfg: EncoderConfig, name: str, names=(sh.EMBED,)) -> nn.LayerNorm:
+  """LayerNorm computed in float32 whatever the compute dtype (bf16 LayerNorm destabilises training)."""
+  return nn.LayerNorm(
+      epsilon=cfg.layer_norm_eps, dtype=jnp.float32, param_dtype=jnp.float32, name=name,
+      scale_init=_ones(names), bias_init=_zeros(names))
+
+
+class Dense(nn.Module):
+  """x @ kernel + bias contracting x's last `len(in_shape)` axes; the kernel is made in its final shape
+  (not flattened as nn.DenseGeneral does) so its logical axis names always match its rank."""
+
+  cfg: EncoderConfig
+  in_shape: tuple
+  out_shape: tuple
+  names: tuple  # logical names of the kernel's axes: in axes then out axes
+
+  @nn.compact
+  def __call__(self, x):
+    n_in = len(self.in_shape)
+    kernel = self.param("kernel", _init(self.cfg, self.names), self.in_shape + self.out_shape)
+    bias = self.param("bias", _zeros(self.names[n_in:]), self.out_shape)
+    y = jnp.tensordot(x.astype(self.cfg.dtype), kernel.astype(self.cfg.dtype), axes=n_in)
+    return y + bias.astype(self.cfg.dtype)
+
+
+def dense(cfg: EncoderConfig, in_shape, out_shape, names, name: str) -> Dense:
+  """A Dense layer in the compute dtype; shapes are ints or tuples of ints."""
+  as_tuple = lambda s: tuple(s) if isinstance(s, (tuple, list)) else (s,)
+  return Dense(cfg, as_tuple(in_shape), as_tuple(out_shape), tuple(names), name=name)
+
+
+class Embeddings(nn.Module):
+  """Token + learned absolute position + segment embeddings, LayerNorm and dropout, width E."""
+
+  cfg: EncoderConfig
+
+  def setup(self):
+    c = self.cfg
+    self.word = self.param("word", _init(c, (sh.VOCAB, sh.EMBED)), (c.vocab_size, c.embedding_size))
+    self.position = self.param("position", _init(c, (None, sh.EMBED)), (c.max_positions, c.embedding_size))
+    self.type = self.param("type", _init(c, (None, sh.EMBED)), (c.type_vocab_size, c.embedding_size))
+    self.ln = layer_norm(c, "ln")
+    self.drop = nn.Dropout(c.dropout)
+
+  def __call__(self, input_ids, type_ids, deterministic: bool):
+    x = jnp.take(self.word, input_ids, axis=0)
+    x = x + self.position[None, : input_ids.shape[1]] + jnp.take(self.type, type_ids, axis=0)
+    x = self.drop(self.ln(x), deterministic=deterministic)
+    return x.astype(self.cfg.dtype)
+
+  def attend(self, x):
+    """Logits against the word embeddings: the MLM decoder tied to the input embeddings."""
+    return jnp.einsum("...e,ve->...v", x, self.word.astype(x.dtype))
+
+
+class Attention(nn.Module):
+  """Multi-head self-attention with residual and post-LayerNorm (BERT's attention sub-layer)."""
+
+  cfg: EncoderConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x, bias):
+    c = self.cfg
+    proj = lambda n: dense(c, c.hidden_size, (c.num_heads, c.head_dim), (sh.EMBED, sh.HEADS, sh.KV), n)
+    q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
+    # Scores, mask and softmax in float32: bf16 softmax loses the small probabilities.
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(scores * c.head_dim**-0.5 + bias, axis=-1)
+    probs = nn.Dropout(c.attention_dropout)(probs, deterministic=self.deterministic)
+    ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
+    out = dense(c, (c.num_heads, c.head_dim), c.hidden_size, (sh.HEADS, sh.KV, sh.EMBED), "output")(ctx)
+    out = nn.Dropout(c.dropout)(out, deterministic=self.deterministic)
+    return layer_norm(c, "ln")(x + out).astype(c.dtype)
+
+
+class FeedForward(nn.Module):
+  """Position-wise FFN (exact GELU) with residual and post-LayerNorm."""
+
+  cfg: EncoderConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.cfg
+    h = dense(c, c.hidden_size, c.intermediate_size, (sh.EMBED, sh.MLP), "intermediate")(x)
+    h = nn.gelu(h, approximate=False)
+    h = dense(c, c.intermediate_size, c.hidden_size, (sh.MLP, sh.EMBED), "output")(h)
+    h = nn.Dropout(c.dropout)(h, deterministic=self.deterministic)
+    return layer_norm(c, "ln")(x + h).astype(c.dtype)
+
+
+BLOCKS = {"attention": Attention, "ffn": FeedForward}
+
+
+def shared_blocks(sharing: str) -> tuple[str, ...]:
+  """Names of the blocks that the layers of a group share under a sharing mode."""
+  return {"none": (), "all": ("attention", "ffn"), "attention": ("attention",), "ffn": ("ffn",)}[sharing]
+
+
+class Layer(nn.Module):
+  """One transformer layer; blocks it does not own come in as `shared` parameters (ALBERT sharing)."""
+
+  cfg: EncoderConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x, layer_index, bias, shared):
+    c = self.cfg
+    group = layer_index * c.num_groups // c.num_layers  # ALBERT: consecutive layers form a group
+    for name, block in BLOCKS.items():
+      args = (x, bias) if name == "attention" else (x,)
+      if name in shared:
+        params = jax.tree.map(lambda p: p[group], shared[name])
+        rngs = {} if self.deterministic else {"dropout": self.make_rng("dropout")}
+        x = block(c, self.deterministic, parent=None).apply({"params": params}, *args, rngs=rngs)
+      else:
+        x = block(c, self.deterministic, name=name)(*args)
+    x = nn.with_logical_constraint(x, (sh.BATCH, sh.LENGTH, sh.ACT_EMBED))
+    return x, None
+
+
+def _stacked_init(block_cls, cfg: EncoderConfig, n: int):
+  """Initializer of `n` stacked copies of a block's parameters, with a leading `layers` axis name."""
+
+  def init(rng):
+    x = jnp.zeros((1, 1, cfg.hidden_size), cfg.dtype)
+    args = (x, jnp.zeros((1, 1, 1, 1), jnp.float32)) if block_cls is Attention else (x,)
+    one = lambda r: block_cls(cfg, parent=None).init({"params": r}, *args)["params"]
+    stacked = jax.vmap(one)(jax.random.split(rng, n))
+    return jax.tree.map(lambda b: b.add_axis(0, {nn.PARTITION_NAME: sh.LAYERS}), stacked,
+                        is_leaf=lambda b: isinstance(b, nn.Partitioned))
+
+  return init
+
+
+def attention_bias(groups):
+  """Additive attention bias [B, 1, S, S]: a token attends to tokens of its own nonzero group.
+
+  `groups` is [B, S] int: 0 for padding, and for packed inputs a distinct id per packed example, so that
+  attention never crosses examples; an unpacked input passes its padding mask (1 = real token).
+  """
+  allowed = (groups[:, :, None] == groups[:, None, :]) & (groups[:, None, :] > 0)
+  return jnp.where(allowed, 0.0, -1e9).astype(jnp.float32)[:, None]
+
+
+class Encoder(nn.Module):
+  """E->H projection (if factorized) and `num_layers` scanned transformer layers."""
+
+  cfg: EncoderConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x, groups):
+    c = self.cfg
+    if c.embedding_size != c.hidden_size:
+      x = dense(c, c.embedding_size, c.hidden_size, (None, sh.EMBED), "embedding_projection")(x)
+    shared = {
+        name: self.param(name, _stacked_init(BLOCKS[name], c, c.num_groups))
+        for name in shared_blocks(c.sharing)
+    }
+    layer = Layer
+    if REMAT_POLICIES[c.remat] is not None or c.remat == "full":
+      layer = nn.remat(Layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
+    scanned = nn.scan(
+        layer,
+        variable_axes={"params": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(0, nn.broadcast, nn.broadcast),
+        length=c.num_layers,
+        metadata_params={nn.PARTITION_NAME: sh.LAYERS},
+    )
+    x, _ = scanned(c, self.deterministic, name="layers")(
+        x, jnp.arange(c.num_layers), attention_bias(groups), shared)
+    return x

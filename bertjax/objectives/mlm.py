@@ -1,0 +1,8 @@
+"""Masked LM: cross-entropy over the gathered masked positions (padded slots weigh 0)."""
+
+from bertjax.objectives.common import softmax_xent
+
+
+def loss(outputs, batch):
+  mean, loss_sum, n, correct = softmax_xent(outputs["mlm_logits"], batch["mlm_labels"], batch["mlm_weights"])
+  return mean, {"mlm_loss": (loss_sum, n), "mlm_accuracy": (correct, n)}
