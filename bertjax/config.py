@@ -162,3 +162,27 @@ def validate(config):
   _check(0 < config.data.eval_fraction < 1, f"data.eval_fraction={config.data.eval_fraction} must be in (0, 1)")
   for key in ("log_every", "eval_every", "checkpoint_every", "total_steps", "batch_size"):
     _check(config[key] > 0, f"{key}={config[key]} must be positive")
+
+
+def load(spec: str) -> ml_collections.ConfigDict:
+  """A config from "path/to/file.py:arg", as --config=... names it (for tests and notebooks)."""
+  import importlib.util
+
+  path, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location(f"bertjax_config_{abs(hash(path))}", path)
+  if module_spec is None:
+    raise UserError(f"no config file at {path!r}")
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def tiny_on_demo(c: ml_collections.ConfigDict, vocab_size: int = 3000) -> ml_collections.ConfigDict:
+  """The CPU smoke-test recipe every config's `tiny` variant shares: the demo corpus (~100k tokens)
+  with its own small SentencePiece vocabulary, float32, a few minutes on two cores."""
+  c.model.vocab_size = vocab_size
+  c.model.dtype = "float32"
+  c.batch_size, c.seq_len = 32, 128
+  c.total_steps, c.warmup_steps, c.learning_rate = 1500, 100, 1e-3
+  c.log_every, c.eval_every, c.checkpoint_every = 50, 250, 500
+  return c

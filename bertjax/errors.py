@@ -13,6 +13,9 @@ def cli(main):
 
   @functools.wraps(main)
   def wrapped(argv):
+    from absl import logging
+
+    logging.set_verbosity(logging.WARNING)  # absl INFO lines (JAX probing backends) drown our output
     try:
       return main(argv)
     except UserError as e:

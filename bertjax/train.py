@@ -4,7 +4,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from bertjax import distributed
@@ -18,7 +18,6 @@ flags.mark_flags_as_required(["config", "workdir"])
 @cli
 def main(argv):
   del argv
-  logging.set_verbosity(logging.WARNING)  # absl's INFO lines (backend probing) drown the progress line
   distributed.setup()  # platform flags, jax.distributed.initialize() on multi-host jobs
   from bertjax import loop
 

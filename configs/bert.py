@@ -8,7 +8,7 @@ Adam(1e-4, b2=0.999, wd 0.01), 10k warmup steps, linear decay, dropout 0.1, 15% 
   python -m bertjax.summary --config=configs/bert.py:large                          # params: 336226108
 """
 
-from bertjax.config import defaults
+from bertjax.config import defaults, tiny_on_demo
 
 # name: (layers, hidden, heads, ffn). base/large as published; tiny is a CPU smoke-test size.
 SIZES = {
@@ -37,10 +37,5 @@ def get_config(arg: str = "base"):
   c.log_every, c.eval_every, c.checkpoint_every = 100, 10_000, 10_000
 
   if arg == "tiny":
-    # CPU: the demo corpus (~100k tokens) with its own small SentencePiece vocabulary.
-    c.model.vocab_size = 3000
-    c.model.dtype = "float32"
-    c.batch_size, c.seq_len = 32, 128
-    c.total_steps, c.warmup_steps, c.learning_rate = 1500, 100, 1e-3
-    c.log_every, c.eval_every, c.checkpoint_every = 50, 250, 500
+    tiny_on_demo(c)
   return c

@@ -235,6 +235,7 @@ class Encoder(nn.Module):
         in_axes=(0, nn.broadcast, nn.broadcast),
         length=c.num_layers,
         metadata_params={nn.PARTITION_NAME: sh.LAYERS},
+        unroll=int(__import__("os").environ.get("UNROLL", "1")),
     )
     x, _ = scanned(c, self.deterministic, name="layers")(
         x, jnp.arange(c.num_layers), attention_bias(groups), shared)

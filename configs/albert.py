@@ -1,0 +1,48 @@
+"""ALBERT (Lan et al., ICLR 2020): factorized embeddings (E=128), cross-layer sharing, MLM + SOP, LAMB.
+
+Recipe (paper §4.1): batch 4096, 125k steps, LAMB lr 0.00176, seq 512 (10% shorter), n-gram masking
+(n <= 3), no dropout, vocab 30000 (SentencePiece). Sharing saves parameters, not activations or FLOPs.
+
+  python -m bertjax.train --config=configs/albert.py:base --workdir=gs://BUCKET/albert-base
+  python -m bertjax.train --config=configs/albert.py:tiny --workdir=/tmp/albert-tiny
+  python -m bertjax.summary --config=configs/albert.py:base --config.model.sharing=none   # 89780402
+"""
+
+from bertjax.config import defaults, tiny_on_demo
+
+# name: (layers, hidden, heads, ffn), all with E=128. As published (Table 1); tiny is for CPU.
+SIZES = {
+    "tiny": (2, 128, 2, 512),
+    "base": (12, 768, 12, 3072),
+    "large": (24, 1024, 16, 4096),
+    "xlarge": (24, 2048, 16, 8192),
+    "xxlarge": (12, 4096, 64, 16384),
+}
+
+
+def get_config(arg: str = "base"):
+  """`arg` is a variant name: tiny | base | large | xlarge | xxlarge."""
+  if arg not in SIZES:
+    raise ValueError(f"unknown albert variant {arg!r}; use one of {', '.join(SIZES)}")
+  c = defaults()
+  # Run.
+  c.batch_size, c.seq_len = 4096, 512
+  c.total_steps, c.warmup_steps, c.learning_rate = 125_000, 3125, 0.00176
+  # Data and masking: SOP pairs, n-gram masking of whole words.
+  c.masking.scheme, c.masking.max_ngram = "ngram", 3
+  # Model: factorized embeddings, all layers share one set of parameters.
+  c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = SIZES[arg]
+  c.model.vocab_size, c.model.embedding_size = 30000, 128
+  c.model.sharing, c.model.num_hidden_groups = "all", 1
+  c.model.dropout = c.model.attention_dropout = 0.0
+  c.model.dtype = "bfloat16"
+  # Objectives: MLM + SOP.
+  c.objectives.mlm, c.objectives.sop = 1.0, 1.0
+  # Optimizer: LAMB with the same decay mask as AdamW.
+  c.optimizer.name, c.optimizer.b2, c.optimizer.weight_decay = "lamb", 0.999, 0.01
+  c.log_every, c.eval_every, c.checkpoint_every = 100, 10_000, 5_000
+
+  if arg == "tiny":
+    tiny_on_demo(c)
+    c.model.embedding_size = 64
+  return c

@@ -1,0 +1,48 @@
+"""ELECTRA (Clark et al., ICLR 2020): a small MLM generator corrupts the input and the discriminator
+learns replaced-token detection; loss = generator MLM + 50 x discriminator BCE over all real tokens.
+
+Recipe (paper Table 6): small: batch 128, lr 5e-4, 1M steps, seq 128, generator 1/4; base: batch 256,
+lr 2e-4, 766k steps, seq 512, generator 1/3; large: batch 2048, lr 2e-4, 400k steps, seq 512,
+generator 1/4, 25% masking. Masked tokens: 85% [MASK], 15% kept, none random. Shared embeddings.
+
+  python -m bertjax.train --config=configs/electra.py:small --workdir=gs://BUCKET/electra-small
+  python -m bertjax.train --config=configs/electra.py:tiny --workdir=/tmp/electra-tiny
+  python -m bertjax.summary --config=configs/electra.py:base        # discriminator params: 109483009
+"""
+
+from bertjax.config import defaults, tiny_on_demo
+
+# name: (layers, hidden, heads, ffn, embedding, generator fraction, batch, lr, steps, seq, mask rate).
+VARIANTS = {
+    "tiny": (2, 128, 2, 512, 128, 1 / 4, 32, 1e-3, 1500, 128, 0.15),
+    "small": (12, 256, 4, 1024, 128, 1 / 4, 128, 5e-4, 1_000_000, 128, 0.15),
+    "base": (12, 768, 12, 3072, 768, 1 / 3, 256, 2e-4, 766_000, 512, 0.15),
+    "large": (24, 1024, 16, 4096, 1024, 1 / 4, 2048, 2e-4, 400_000, 512, 0.25),
+}
+
+
+def get_config(arg: str = "small"):
+  """`arg` is a variant name: tiny | small | base | large."""
+  if arg not in VARIANTS:
+    raise ValueError(f"unknown electra variant {arg!r}; use one of {', '.join(VARIANTS)}")
+  layers, hidden, heads, ffn, emb, frac, batch, lr, steps, seq, rate = VARIANTS[arg]
+  c = defaults()
+  # Run.
+  c.batch_size, c.seq_len = batch, seq
+  c.total_steps, c.warmup_steps, c.learning_rate = steps, 10_000, lr
+  # Masking: ELECTRA replaces 85% of the chosen tokens by [MASK] and keeps 15%; no random tokens.
+  c.masking.mask_prob, c.masking.mask_token_prob, c.masking.random_token_prob = rate, 0.85, 0.0
+  # Model: discriminator sizes; the generator is `generator_fraction` as wide (same depth).
+  c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = layers, hidden, heads, ffn
+  c.model.vocab_size, c.model.embedding_size = 30522, emb
+  c.model.generator_fraction, c.model.sample_temperature = frac, 1.0
+  c.model.dtype = "bfloat16"
+  # Objectives: generator MLM (weight 1) + discriminator RTD (weight 50). No sentence objective.
+  c.objectives.mlm, c.objectives.rtd = 1.0, 50.0
+  # Optimizer: AdamW.
+  c.optimizer.name, c.optimizer.b2, c.optimizer.weight_decay = "adamw", 0.999, 0.01
+  c.log_every, c.eval_every, c.checkpoint_every = 100, 10_000, 10_000
+
+  if arg == "tiny":
+    tiny_on_demo(c)
+  return c

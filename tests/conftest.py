@@ -1,0 +1,36 @@
+"""Shared test fixtures: a private tokenizer cache and small configs."""
+
+import os
+
+import pytest
+
+from bertjax import config as config_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory):
+  """Keeps tokenizers trained by tests out of the user's ~/.cache (and shares them across tests)."""
+  os.environ["BERTJAX_CACHE"] = str(tmp_path_factory.mktemp("bertjax-cache"))
+
+
+def load_config(spec: str):
+  return config_lib.load(os.path.join(REPO, spec))
+
+
+def micro(spec: str = "configs/bert.py:tiny", **overrides):
+  """A config's tiny variant shrunk further so a few steps compile and run in seconds."""
+  c = load_config(spec)
+  c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = 64, 2, 128
+  if c.model.embedding_size:
+    c.model.embedding_size = 32
+  c.batch_size, c.seq_len, c.data.dupe_factor = 16, 64, 1
+  c.total_steps, c.warmup_steps, c.log_every, c.eval_every, c.checkpoint_every = 30, 5, 10, 30, 30
+  for key, value in overrides.items():
+    node = c
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c

@@ -1,0 +1,124 @@
+"""The encoder and pretraining model: parameter counts as published, sharing modes, masks, dtypes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from bertjax import sharding, summary
+from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig
+from conftest import load_config
+
+# HF transformers' counts for the same configs (BertForPreTraining, AlbertForPreTraining,
+# ElectraForPreTraining discriminators, RobertaForMaskedLM).
+COUNTS = [
+    ("configs/bert.py:base", {}, 110106428),
+    ("configs/bert.py:large", {}, 336226108),
+    ("configs/albert.py:base", {}, 11813810),
+    ("configs/albert.py:large", {}, 17847474),
+    ("configs/albert.py:xlarge", {}, 59021490),
+    ("configs/albert.py:xxlarge", {}, 223158450),
+    ("configs/albert.py:base", {"sharing": "none"}, 89780402),
+    ("configs/roberta.py:base", {}, 124697433),
+    ("configs/roberta.py:large", {}, 355412057),
+]
+
+
+@pytest.mark.parametrize("spec,model_overrides,expected", COUNTS)
+def test_parameter_counts_match_published_models(spec, model_overrides, expected):
+  c = load_config(spec)
+  c.model.update(model_overrides)
+  _, params = summary.param_shapes(c)
+  assert summary.count(params) == expected
+
+
+@pytest.mark.parametrize("variant,expected", [("small", 13549057), ("base", 109483009), ("large", 335142913)])
+def test_electra_discriminator_counts(variant, expected):
+  text = summary.summarize(load_config(f"configs/electra.py:{variant}"))
+  assert f"discriminator params: {expected}" in text
+
+
+def _encoder(sharing, groups=1, layers=4, remat="none", dtype=jnp.float32):
+  return EncoderConfig(vocab_size=50, hidden_size=32, num_layers=layers, num_heads=4, intermediate_size=64,
+                       embedding_size=16, sharing=sharing, num_groups=groups, remat=remat, dtype=dtype)
+
+
+class _Model(nn.Module):
+  cfg: EncoderConfig
+
+  @nn.compact
+  def __call__(self, ids, groups):
+    x = Embeddings(self.cfg)(ids, jnp.zeros_like(ids), True)
+    return Encoder(self.cfg)(x, groups)
+
+
+def _init(cfg, ids=None):
+  ids = jnp.arange(1, 17, dtype=jnp.int32).reshape(2, 8) if ids is None else ids
+  variables = _Model(cfg).init(jax.random.key(0), ids, (ids > 0).astype(jnp.int32))
+  return variables, ids
+
+
+@pytest.mark.parametrize("sharing,groups,stacked,shared", [
+    ("none", 1, {"attention": 4, "ffn": 4}, {}),
+    ("all", 1, {}, {"attention": 1, "ffn": 1}),
+    ("attention", 1, {"ffn": 4}, {"attention": 1}),
+    ("ffn", 1, {"attention": 4}, {"ffn": 1}),
+    ("all", 2, {}, {"attention": 2, "ffn": 2}),
+])
+def test_sharing_modes_shape_the_parameter_tree(sharing, groups, stacked, shared):
+  cfg = _encoder(sharing, groups)
+  variables, ids = _init(cfg)
+  enc = sharding.strip_boxes(variables["params"])["Encoder_0"]
+  layers = enc.get("layers", {})
+  assert set(layers) == set(stacked)
+  for name, n in stacked.items():
+    assert enc["layers"][name]["ffn" == name and "intermediate" or "query"]["kernel"].shape[0] == n
+  for name, n in shared.items():
+    leaves = jax.tree.leaves(enc[name])
+    assert all(leaf.shape[0] == n for leaf in leaves)
+  out = _Model(cfg).apply(variables, ids, (ids > 0).astype(jnp.int32))
+  assert out.shape == (2, 8, 32) and np.isfinite(np.asarray(out)).all()
+  # Stacked/shared parameters carry the `layers` logical axis, so sharding rules can place them.
+  specs = nn.get_partition_spec(variables["params"])["Encoder_0"]
+  first = jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))[0]
+  assert sharding.LAYERS in tuple(first) or "embedding_projection" in specs
+
+
+def test_shared_layers_are_the_same_function():
+  """With sharing=all, every layer applies the same parameters: a 4-layer model equals 4 applications
+  of the 1-layer model with those parameters."""
+  cfg4, cfg1 = _encoder("all", layers=4), _encoder("all", layers=1)
+  variables, ids = _init(cfg4)
+  out4 = _Model(cfg4).apply(variables, ids, jnp.ones_like(ids))
+  p = sharding.strip_boxes(variables["params"])
+  x = Embeddings(cfg4).apply({"params": p["Embeddings_0"]}, ids, jnp.zeros_like(ids), True)
+  x = x @ p["Encoder_0"]["embedding_projection"]["kernel"] + p["Encoder_0"]["embedding_projection"]["bias"]
+  enc_p = {k: v for k, v in p["Encoder_0"].items() if k != "embedding_projection"}
+  cfg1h = _encoder("all", layers=1)
+  cfg1h = EncoderConfig(**{**cfg1h.__dict__, "embedding_size": 32})
+  for _ in range(4):
+    x = Encoder(cfg1h).apply({"params": enc_p}, x, jnp.ones_like(ids))
+  np.testing.assert_allclose(np.asarray(out4), np.asarray(x), atol=1e-5)
+
+
+def test_padding_does_not_change_real_tokens():
+  cfg = _encoder("none")
+  ids = jnp.array([[5, 6, 7, 8, 0, 0, 0, 0]], jnp.int32)
+  variables, _ = _init(cfg, ids)
+  groups = (ids > 0).astype(jnp.int32)
+  a = _Model(cfg).apply(variables, ids, groups)
+  ids2 = ids.at[0, 5].set(9)  # change a padded position's token; it stays masked out
+  b = _Model(cfg).apply(variables, ids2, groups)
+  np.testing.assert_allclose(np.asarray(a[0, :4]), np.asarray(b[0, :4]), atol=1e-6)
+
+
+def test_remat_and_bf16_run_and_agree():
+  ids = jnp.arange(1, 17, dtype=jnp.int32).reshape(2, 8)
+  base, _ = _init(_encoder("none"), ids)
+  ref = _Model(_encoder("none")).apply(base, ids, jnp.ones_like(ids))
+  remat = _Model(_encoder("none", remat="full")).apply(base, ids, jnp.ones_like(ids))
+  np.testing.assert_allclose(np.asarray(ref), np.asarray(remat), atol=1e-6)
+  bf16 = _Model(_encoder("none", dtype=jnp.bfloat16)).apply(base, ids, jnp.ones_like(ids))
+  assert bf16.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(ref), np.asarray(bf16, np.float32), atol=0.1)

@@ -1,0 +1,114 @@
+"""Objectives and their registry; ELECTRA's corruption and the gradient path through the sampler."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import config as config_lib, loop, objectives, sharding, step as step_lib
+from bertjax.model import pretrain
+from conftest import micro
+
+B, S = 4, 64
+
+
+def _batch(config, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, config.model.vocab_size, (B, S)).astype(np.int32)
+  ids[:, 0], ids[:, S // 2], ids[:, -1] = 2, 3, 3
+  types = np.zeros((B, S), np.int32)
+  types[:, S // 2 + 1:] = 1
+  return dict(input_ids=jnp.asarray(ids), type_ids=jnp.asarray(types), groups=jnp.ones((B, S), jnp.int32),
+              word_start=jnp.ones((B, S), bool), sentence_label=jnp.asarray(rng.integers(0, 2, B), jnp.int32),
+              example_weight=jnp.ones(B, jnp.float32))
+
+
+def _setup(config):
+  model = loop.make_model(config)
+  params = sharding.strip_boxes(model.init({"params": jax.random.key(0), "sample": jax.random.key(1),
+                                            "dropout": jax.random.key(2)}, loop.dummy_batch(config))["params"])
+  cfg = step_lib.StepConfig(
+      seed=0, masking=config_lib.masking_config(config), special_ids=(0, 1, 2, 3, 4),
+      mask_id=4, vocab_size=config.model.vocab_size,
+      objectives=tuple(config_lib.active_objectives(config).items()))
+  return model, params, cfg
+
+
+def test_masked_positions_sampled_as_the_original_are_labelled_original(monkeypatch):
+  config = micro("configs/electra.py:tiny", seq_len=S)
+  model, params, cfg = _setup(config)
+  batch = step_lib.apply_masking(jax.random.key(3), _batch(config), cfg)
+  # The "generator" returns the original token at even slots and a different token at odd slots.
+  def fake_sample(rng, logits, temperature):
+    labels = batch["mlm_labels"]
+    other = jnp.where(labels == 5, 6, 5)
+    return jnp.where(jnp.arange(labels.shape[1]) % 2 == 0, labels, other)
+  monkeypatch.setattr(pretrain, "sample_tokens", fake_sample)
+  out = model.apply({"params": params}, batch, rngs={"sample": jax.random.key(0)})
+  labels = np.asarray(out["rtd_labels"])
+  pos, w = np.asarray(batch["mlm_positions"]), np.asarray(batch["mlm_weights"])
+  for b in range(B):
+    real = w[b] > 0
+    even = real & (np.arange(len(real)) % 2 == 0)
+    odd = real & (np.arange(len(real)) % 2 == 1)
+    assert even.any() and odd.any()
+    assert (labels[b, pos[b][even]] == 0).all(), "a masked slot sampled as the original was labelled replaced"
+    assert (labels[b, pos[b][odd]] == 1).all()
+    untouched = np.ones(S, bool)
+    untouched[pos[b][real]] = False
+    assert (labels[b, untouched] == 0).all()
+
+
+def test_discriminator_loss_does_not_reach_the_generator_through_sampling():
+  config = micro("configs/electra.py:tiny", seq_len=S)
+  config.objectives.mlm = 0.0  # RTD alone: only the sampling connects it to the generator
+  model, params, cfg = _setup(config)
+  cfg = step_lib.StepConfig(**{**cfg.__dict__, "objectives": (("rtd", 50.0),)})
+  grads = jax.grad(lambda p: step_lib._loss_fn(p, _batch(config), jax.random.key(0), model, cfg, True)[0])(params)
+  gen = [np.abs(np.asarray(g)).max() for g in jax.tree.leaves({k: grads[k] for k in ("generator_encoder", "generator_mlm")})]
+  disc = [np.abs(np.asarray(g)).max() for g in jax.tree.leaves(grads["encoder"])]
+  assert max(gen) == 0.0, "RTD gradient leaked into the generator"
+  assert max(disc) > 0.0 and np.abs(np.asarray(grads["embeddings"]["word"])).max() > 0  # shared embeddings learn
+
+
+def test_generator_mlm_loss_trains_the_generator():
+  config = micro("configs/electra.py:tiny", seq_len=S)
+  model, params, cfg = _setup(config)
+  cfg = step_lib.StepConfig(**{**cfg.__dict__, "objectives": (("mlm", 1.0),)})
+  grads = jax.grad(lambda p: step_lib._loss_fn(p, _batch(config), jax.random.key(0), model, cfg, True)[0])(params)
+  assert max(np.abs(np.asarray(g)).max() for g in jax.tree.leaves(grads["generator_encoder"])) > 0
+
+
+@pytest.mark.parametrize("spec,weights,expected_outputs", [
+    ("configs/bert.py:tiny", {"mlm": 1.0, "nsp": 1.0}, {"mlm_logits", "sentence_logits"}),
+    ("configs/albert.py:tiny", {"mlm": 1.0, "sop": 1.0}, {"mlm_logits", "sentence_logits"}),
+    ("configs/electra.py:tiny", {"mlm": 1.0, "rtd": 50.0}, {"mlm_logits", "rtd_logits", "rtd_labels"}),
+    ("configs/electra.py:tiny", {"mlm": 1.0, "rtd": 50.0, "sop": 1.0}, {"mlm_logits", "rtd_logits", "rtd_labels",
+                                                                         "sentence_logits"}),
+    ("configs/roberta.py:tiny", {"mlm": 1.0}, {"mlm_logits"}),
+])
+def test_registry_combinations_weight_and_sum(spec, weights, expected_outputs):
+  config = micro(spec, seq_len=S)
+  for k in config.objectives:
+    config.objectives[k] = weights.get(k, 0.0)
+  model, params, cfg = _setup(config)
+  batch = step_lib.apply_masking(jax.random.key(0), _batch(config), cfg)
+  out = model.apply({"params": params}, batch, rngs={"sample": jax.random.key(0)})
+  assert set(out) == expected_outputs
+  total, metrics = objectives.total_loss(weights, out, batch)
+  parts = sum(w * objectives.REGISTRY[name](out, batch)[0] for name, w in weights.items())
+  np.testing.assert_allclose(float(total), float(parts), rtol=1e-6)
+  for name in weights:
+    assert f"{name}_loss" in metrics
+
+
+def test_auc_from_histograms_matches_pairwise_definition():
+  from bertjax.objectives.rtd import auc_from_histograms
+
+  rng = np.random.default_rng(0)
+  pos_scores, neg_scores = rng.beta(3, 2, 500), rng.beta(2, 3, 700)
+  exact = (pos_scores[:, None] > neg_scores[None]).mean()
+  bins = 1000
+  hist = lambda s: np.bincount(np.minimum((s * bins).astype(int), bins - 1), minlength=bins)
+  assert abs(auc_from_histograms(hist(pos_scores), hist(neg_scores)) - exact) < 2e-3
+  assert auc_from_histograms(hist(neg_scores), hist(pos_scores)) < 0.5

@@ -1,0 +1,40 @@
+"""End to end on the demo corpus: each model family trains a few steps and writes its metrics."""
+
+import glob
+import json
+import os
+
+import pytest
+
+from bertjax import loop
+from conftest import micro
+
+
+def _records(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("spec,eval_keys", [
+    ("configs/bert.py:tiny", ("eval/mlm_accuracy", "eval/nsp_accuracy")),
+    ("configs/albert.py:tiny", ("eval/mlm_accuracy", "eval/sop_accuracy")),
+    ("configs/electra.py:tiny", ("eval/mlm_accuracy", "eval/rtd_accuracy", "eval/rtd_auc",
+                                 "eval/rtd_precision", "eval/rtd_recall", "eval/replaced_fraction")),
+    ("configs/roberta.py:tiny", ("eval/mlm_accuracy",)),
+])
+def test_tiny_models_train_and_log(spec, eval_keys, tmp_path, capsys):
+  workdir = str(tmp_path / "run")
+  loop.train_and_evaluate(micro(spec), workdir)
+  records = _records(workdir)
+  train = [r for r in records if "train/loss" in r]
+  assert [r["step"] for r in train] == [10, 20, 30]
+  assert train[-1]["train/loss"] < train[0]["train/loss"] - 0.3, "loss did not fall"
+  for key in ("lr", "tokens_per_sec", "train/grad_norm", "train/mlm_accuracy"):
+    assert key in train[-1]
+  evals = [r for r in records if any(k.startswith("eval/") for k in r)]
+  assert evals and evals[-1]["step"] == 30
+  for key in eval_keys:
+    assert key in evals[-1], key
+  assert glob.glob(os.path.join(workdir, "events.out.tfevents.*")), "no TensorBoard event file"
+  out = capsys.readouterr().out
+  assert "ETA" in out and "step 30/30" in out
