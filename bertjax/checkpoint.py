@@ -55,7 +55,8 @@ def restore_params(path: str, abstract_params):
     if os.path.isdir(candidate) and any(d.isdigit() for d in os.listdir(candidate)):
       mgr = ocp.CheckpointManager(os.path.abspath(candidate), item_names=("state", "manifest"))
       step = mgr.latest_step()
-      restored = mgr.restore(step, args=ocp.args.Composite(
-          state=ocp.args.PyTreeRestore(item={"params": abstract_params}, partial_restore=True)))
+      target = {"params": abstract_params}
+      restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+          item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
       return restored["state"]["params"]
   raise UserError(f"no checkpoint under {path!r}; point --config.init_from at a workdir or its checkpoints/")

@@ -31,9 +31,15 @@ def defaults() -> ml_collections.ConfigDict:
   c.overwrite = False  # allow a workdir holding another config's run to be replaced
   # Data.
   c.data = dict(
-      source="demo",  # demo | text:GLOB
-      tokenizer="",  # spm:PATH | wordpiece:PATH[:cased]; empty: train SentencePiece on the source (cached)
+      source="demo",  # demo | text:GLOB | tfds:NAME[:SPLIT] | shards:DIR (written by python -m bertjax.prepare)
+      tokenizer="",  # spm:PATH | wordpiece:PATH[:cased]; empty: train SentencePiece on the source (shards: theirs)
       split_paragraphs=False,  # text: split each line into sentences (a paragraph per line)
+      format="auto",  # instances: auto (nsp/sop from the objectives, else single) | single | full_sentences | packed
+      tokenizer_model="unigram",  # SentencePiece trained on the source: unigram | bpe
+      tokenizer_sentences=1_000_000,  # sentences sampled to train it (SentencePiece holds them in memory)
+      tokenizer_max_sentence_length=4192,  # longer sentences (UTF-8 bytes) are left out of that sample
+      tfds_text_key="text",  # tfds: the feature holding the document's text
+      tfds_data_dir="",  # tfds: data_dir (e.g. gs://tfds-data/datasets); empty: tfds's default
       eval_fraction=0.1,  # documents held out for eval
       short_seq_prob=0.1,  # BERT: share of pair instances with a shorter random target length
       dupe_factor=5,  # passes over the corpus with different pairings
@@ -69,6 +75,8 @@ def defaults() -> ml_collections.ConfigDict:
       sample_temperature=1.0,  # ELECTRA: generator sampling temperature
       dtype="float32",  # compute dtype: float32 | bfloat16 (params stay float32)
       remat="none",  # none | full | dots | dots_no_batch
+      activation="gelu",  # gelu (exact) | gelu_new (tanh approximation; some HF checkpoints)
+      position_offset=0,  # first position id (RoBERTa checkpoints: 2)
   )
   # Objectives: name -> weight; 0 switches one off.
   c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0)
@@ -88,6 +96,8 @@ def defaults() -> ml_collections.ConfigDict:
   c.eval_batch_size = 0  # 0 = batch_size
   c.checkpoint_every = 10_000
   c.keep_checkpoints = 3
+  c.max_nonfinite_steps = 10  # stop (saving the last good state) after this many skipped steps in a row
+  c.startup_timeout = 300.0  # seconds the start-up all-reduce may take before the run gives up
   return c
 
 
@@ -106,7 +116,8 @@ def encoder_config(m, generator: bool = False) -> EncoderConfig:
       embedding_size=m.embedding_size or m.hidden_size, max_positions=m.max_positions,
       type_vocab_size=m.type_vocab_size, dropout=m.dropout, attention_dropout=m.attention_dropout,
       layer_norm_eps=m.layer_norm_eps, init_std=m.init_std, sharing=m.sharing,
-      num_groups=m.num_hidden_groups if m.sharing != "none" else 1, dtype=DTYPES[m.dtype], remat=m.remat)
+      num_groups=m.num_hidden_groups if m.sharing != "none" else 1, dtype=DTYPES[m.dtype], remat=m.remat,
+      activation=m.activation, position_offset=m.position_offset)
 
 
 def masking_config(config) -> masking.MaskingConfig:
@@ -128,7 +139,8 @@ def validate(config):
   _check(m.hidden_size % m.num_heads == 0,
          f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; "
          "change one of them so that the head width is whole")
-  _check(config.seq_len <= m.max_positions,
+  _check(m.activation in ("gelu", "gelu_new"), f"model.activation={m.activation!r}; use gelu or gelu_new")
+  _check(config.seq_len + m.position_offset <= m.max_positions,
          f"seq_len={config.seq_len} exceeds the position table (model.max_positions={m.max_positions}); "
          "lower --config.seq_len or raise --config.model.max_positions")
   _check(config.seq_len >= 8, f"seq_len={config.seq_len} is too short for a [CLS] A [SEP] B [SEP] pair; use >= 8")
@@ -160,7 +172,12 @@ def validate(config):
   _check(0 <= config.warmup_steps <= config.total_steps,
          f"warmup_steps={config.warmup_steps} must be between 0 and total_steps={config.total_steps}")
   _check(0 < config.data.eval_fraction < 1, f"data.eval_fraction={config.data.eval_fraction} must be in (0, 1)")
-  for key in ("log_every", "eval_every", "checkpoint_every", "total_steps", "batch_size"):
+  _check(config.data.format in ("auto", "nsp", "sop", "single", "full_sentences", "packed"),
+         f"data.format={config.data.format!r}; use auto, single, full_sentences or packed "
+         "(nsp and sop follow the objectives)")
+  _check(config.data.tokenizer_model in ("unigram", "bpe"),
+         f"data.tokenizer_model={config.data.tokenizer_model!r}; use unigram or bpe")
+  for key in ("log_every", "eval_every", "checkpoint_every", "total_steps", "batch_size", "max_nonfinite_steps"):
     _check(config[key] > 0, f"{key}={config[key]} must be positive")
 
 

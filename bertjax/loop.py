@@ -8,23 +8,26 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
+import signal
 import time
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from flax import linen as nn
 
-from bertjax import checkpoint, config as config_lib, flops, optim, sharding, step as step_lib
+from bertjax import checkpoint, config as config_lib, distributed, flops, optim, sharding, step as step_lib
 from bertjax.data import pipeline
+from bertjax.data.tokenizer import SpecialIds
 from bertjax.errors import UserError
 from bertjax.metrics import MetricWriter, finalize, sum_metrics
 from bertjax.model.pretrain import Pretrainer
 
 # Keys that may change between a run and its resumption (they do not change what is being trained).
 RESUMABLE_KEYS = ("total_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "overwrite",
-                  "init_from", "eval_batch_size", "sharding", "mesh")
+                  "init_from", "eval_batch_size", "sharding", "mesh", "max_nonfinite_steps", "startup_timeout")
+DEFAULT_SPECIAL = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)  # bertjax's own SentencePiece layout
 
 
 def make_model(config) -> Pretrainer:
@@ -39,11 +42,21 @@ def make_model(config) -> Pretrainer:
 
 
 def dummy_batch(config, batch_size: int = 1) -> dict:
+  """A batch of zeros with the shapes of a masked training batch (for init and shape inference)."""
   s, p = config.seq_len, config_lib.masking_config(config).max_predictions
   ints = lambda *shape: jnp.zeros(shape, jnp.int32)
   return dict(input_ids=ints(batch_size, s), original_ids=ints(batch_size, s), type_ids=ints(batch_size, s),
               groups=jnp.ones((batch_size, s), jnp.int32), mlm_positions=ints(batch_size, p),
               mlm_weights=jnp.zeros((batch_size, p)))
+
+
+def host_batch_spec(config, batch_size: int) -> dict:
+  """Shapes and dtypes of the batches the loader yields (what the jitted steps take)."""
+  s = config.seq_len
+  sds = jax.ShapeDtypeStruct
+  return dict(input_ids=sds((batch_size, s), jnp.int32), type_ids=sds((batch_size, s), jnp.int32),
+              word_start=sds((batch_size, s), jnp.bool_), groups=sds((batch_size, s), jnp.int32),
+              sentence_label=sds((batch_size,), jnp.int32), example_weight=sds((batch_size,), jnp.float32))
 
 
 def init_state(rng, model, tx, config):
@@ -52,58 +65,126 @@ def init_state(rng, model, tx, config):
   return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def state_shardings(model, tx, config, mesh, rules):
-  """(abstract boxed state, NamedShardings of the unboxed state) from the model's logical axis names."""
-  boxed = jax.eval_shape(functools.partial(init_state, model=model, tx=tx, config=config), jax.random.key(0))
-  return boxed, sharding.logical_shardings(boxed, mesh, rules)
+@dataclasses.dataclass
+class Steps:
+  """The jitted functions of a run and the shardings they were compiled for."""
+
+  model: Pretrainer
+  tx: object
+  cfg: step_lib.StepConfig
+  state_shardings: object  # TrainState of NamedShardings
+  abstract_state: object  # TrainState of ShapeDtypeStructs carrying those shardings (restore target)
+  batch_sharding: object
+  init: object  # rng -> TrainState, created already sharded
+  train: object  # (state, batch) -> (state, metrics); donates state
+  eval: object  # (params, batch, index) -> metric sums
 
 
-def manifest(config, tokenizer, mesh) -> dict:
-  """What a checkpoint needs to be reproduced: config, versions, commit, tokenizer, mesh."""
-  import flax, optax, orbax.checkpoint as ocp, bertjax
+def make_steps(config, mesh, special: SpecialIds = DEFAULT_SPECIAL) -> Steps:
+  """Builds model, optimizer and the jitted init/train/eval steps with explicit shardings on `mesh`.
 
-  commit = ""
+  Parameters are placed by their logical axis names through the config's sharding preset; the state is
+  initialized already sharded (jit with out_shardings), never built on one host and copied.
+  """
+  rules = sharding.rules_for(config.sharding)
+  model, tx = make_model(config), optim.make(config)
+  cfg = step_lib.StepConfig(
+      seed=config.seed, masking=config_lib.masking_config(config),
+      special_ids=(special.pad, special.unk, special.cls, special.sep, special.mask), mask_id=special.mask,
+      vocab_size=config.model.vocab_size, objectives=tuple(config_lib.active_objectives(config).items()),
+      grad_accum_steps=config.grad_accum_steps)
+  with nn.logical_axis_rules(rules):
+    boxed = jax.eval_shape(functools.partial(init_state, model=model, tx=tx, config=config), jax.random.key(0))
+  shardings = sharding.logical_shardings(boxed, mesh, rules)
+  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          sharding.strip_boxes(boxed), shardings)
+  batch_sharding = jax.sharding.NamedSharding(mesh, sharding.batch_spec())
+  repl = sharding.replicated(mesh)
+
+  def with_rules(fn):
+    # The model's logical constraints are resolved when the step is traced: trace (and lower, for
+    # ahead-of-time compilation) under the rules and the mesh.
+    @functools.wraps(fn)
+    def wrapped(*args):
+      with nn.logical_axis_rules(rules), jax.set_mesh(mesh):
+        return fn(*args)
+
+    def lower(*args):
+      with nn.logical_axis_rules(rules), jax.set_mesh(mesh):
+        return fn.lower(*args)
+
+    wrapped.lower = lower
+    return wrapped
+
+  init = jax.jit(lambda r: nn.unbox(init_state(r, model, tx, config)), out_shardings=shardings)
+  train = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, cfg=cfg),
+                  in_shardings=(shardings, batch_sharding), out_shardings=(shardings, repl), donate_argnums=(0,))
+  evaluate = jax.jit(functools.partial(step_lib.eval_step, model=model, cfg=cfg),
+                     in_shardings=(shardings.params, batch_sharding, repl), out_shardings=repl)
+  return Steps(model, tx, cfg, shardings, abstract, batch_sharding, with_rules(init), with_rules(train),
+               with_rules(evaluate))
+
+
+def manifest(config, tokenizer, mesh, model: Pretrainer) -> dict:
+  """What a checkpoint needs to be reproduced and read: config, versions, commit, tokenizer, mesh, and
+  which top-level parameter groups form which network (ELECTRA holds two)."""
+  import flax, optax, orbax.checkpoint as ocp, subprocess, bertjax
+
   try:
-    import subprocess
-
     here = os.path.dirname(os.path.abspath(__file__))
     commit = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True,
                             timeout=5).stdout.strip()
   except Exception:
-    pass
+    commit = ""
+  if model.generator is not None:
+    networks = {"discriminator": ["embeddings", "encoder", "rtd"] + (["sentence"] if model.sentence_head else []),
+                "generator": ["embeddings", "generator_encoder", "generator_mlm"]}
+  else:
+    networks = {"encoder": ["embeddings", "encoder", "mlm"] + (["sentence"] if model.sentence_head else [])}
   return dict(config=json.loads(config.to_json()), bertjax=bertjax.__version__, git_commit=commit,
               jax=jax.__version__, flax=flax.__version__, optax=optax.__version__, orbax=ocp.__version__,
               tokenizer=dict(spec=tokenizer.spec(), fingerprint=tokenizer.fingerprint, vocab_size=tokenizer.vocab_size),
-              mesh=dict(mesh.shape))
+              mesh=dict(mesh.shape), networks=networks)
 
 
-def check_workdir(config, workdir: str):
-  """Refuses a workdir that holds another config's run (unless overwrite); records this config there."""
+def _comparable(config_dict: dict) -> dict:
+  return {k: v for k, v in config_dict.items() if k not in RESUMABLE_KEYS}
+
+
+def check_workdir(config, workdir: str) -> bool:
+  """Refuses an unwritable workdir, or one holding another config's run unless overwrite is set.
+  Returns whether the workdir's old run is to be replaced. Writes nothing."""
   try:
     os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, ".write_test")
+    probe = os.path.join(workdir, f".write_test.{os.getpid()}")
     open(probe, "w").close()
     os.remove(probe)
   except OSError as e:
     raise UserError(f"workdir {workdir!r} is not writable ({e.strerror}); choose another --workdir")
   path = os.path.join(workdir, "config.json")
-  mine = {k: v for k, v in json.loads(config.to_json()).items() if k not in RESUMABLE_KEYS}
-  if os.path.exists(path):
-    theirs = {k: v for k, v in json.load(open(path)).items() if k not in RESUMABLE_KEYS}
-    if theirs != mine and not config.overwrite:
-      diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-      raise UserError(f"workdir {workdir!r} holds a run of another config (differs in {', '.join(diff)}); "
-                      "use another --workdir, or --config.overwrite=True to replace it")
-    if theirs != mine:
-      import shutil
+  if not os.path.exists(path):
+    return False
+  mine, theirs = _comparable(json.loads(config.to_json())), _comparable(json.load(open(path)))
+  if theirs == mine:
+    return False
+  if not config.overwrite:
+    diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    raise UserError(f"workdir {workdir!r} holds a run of another config (differs in {', '.join(diff)}); "
+                    "use another --workdir, or --config.overwrite=True to replace it")
+  return True
 
-      shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
-      for name in os.listdir(workdir):
-        if name == "metrics.jsonl" or name.startswith("events.out"):
-          os.remove(os.path.join(workdir, name))
-  if jax.process_index() == 0:
-    with open(path, "w") as f:
-      f.write(config.to_json(indent=2))
+
+def claim_workdir(config, workdir: str, replace: bool):
+  """Records the config in the workdir (process 0), first removing a replaced run's outputs."""
+  if jax.process_index() != 0:
+    return
+  if replace:
+    shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
+    for name in os.listdir(workdir):
+      if name == "metrics.jsonl" or name.startswith("events.out"):
+        os.remove(os.path.join(workdir, name))
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json(indent=2))
 
 
 def describe_data(data: pipeline.Dataset) -> str:
@@ -117,104 +198,113 @@ def describe_data(data: pipeline.Dataset) -> str:
   return line
 
 
-def global_batch(host_batch: dict, mesh) -> dict:
+def global_batch(host_batch: dict, sharding_) -> dict:
   """This host's rows -> global jax.Arrays split over (data, fsdp): no host holds the global batch."""
-  spec = jax.sharding.NamedSharding(mesh, sharding.batch_spec())
-  return {k: jax.make_array_from_process_local_data(spec, v) for k, v in host_batch.items()}
+  return {k: jax.make_array_from_process_local_data(sharding_, v) for k, v in host_batch.items()}
+
+
+class _Preemption:
+  """Notes SIGTERM (a preempted VM, `kill`, a scheduler) so the loop can save and exit cleanly."""
+
+  def __init__(self):
+    self.requested = False
+    try:
+      signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # not the main thread (e.g. inside a notebook worker): no handler
+      pass
+
+  def _handle(self, signum, frame):
+    self.requested = True
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   """Pretrains as the config says, writing metrics, TensorBoard events and checkpoints to workdir."""
   # ---------------------------------------------------------------- Setup
   config_lib.validate(config)
-  check_workdir(config, workdir)
+  replace = check_workdir(config, workdir)
   n_proc, proc = jax.process_count(), jax.process_index()
   mesh = sharding.make_mesh(config.sharding, overrides=dict(config.mesh))
-  rules = sharding.rules_for(config.sharding)
-  # The mesh and rules are set for the whole run: the model's logical constraints are resolved when
-  # the steps are first traced, which happens inside the loop.
-  jax.set_mesh(mesh)
-  nn.set_logical_axis_rules(rules)
   n_dev = jax.device_count()
-  if config.batch_size % n_dev or (config.batch_size // config.grad_accum_steps) % n_dev:
-    raise UserError(f"batch_size={config.batch_size} (microbatch {config.batch_size // config.grad_accum_steps}) "
-                    f"is not divisible by the {n_dev} devices; use a multiple of {n_dev}")
+  micro = config.batch_size // config.grad_accum_steps
+  if config.batch_size % n_dev or micro % n_dev or config.batch_size % n_proc:
+    raise UserError(f"batch_size={config.batch_size} (microbatch {micro}) is not divisible by the {n_dev} devices "
+                    f"of {n_proc} processes; use a multiple of {n_dev * config.grad_accum_steps}")
   eval_bs = config.eval_batch_size or config.batch_size
   if eval_bs % n_dev:
     raise UserError(f"eval_batch_size={eval_bs} is not divisible by the {n_dev} devices; use a multiple of {n_dev}")
-  writer = MetricWriter(workdir, enabled=proc == 0)
+  allreduce_s = distributed.startup_check(mesh, config.startup_timeout)
 
   # ---------------------------------------------------------------- Data
   t0 = time.time()
   data = pipeline.build(config)
   tok = data.tokenizer
+  claim_workdir(config, workdir, replace)  # only now: a bad input must leave an existing workdir as it was
+  writer = MetricWriter(workdir, enabled=proc == 0)
   writer.info(describe_data(data) + f" [{time.time() - t0:.1f}s]")
   tokens_per_step = config.batch_size * config.seq_len
-  writer.info(f"processes {n_proc}, devices {n_dev}, mesh {dict(mesh.shape)}; batch global {config.batch_size}, "
-              f"per host {config.batch_size // n_proc}, per device {config.batch_size // n_dev}; "
-              f"{tokens_per_step} tokens/step")
+  writer.info(f"processes {n_proc}, devices {n_dev} ({jax.devices()[0].platform}), mesh {dict(mesh.shape)}, "
+              f"preset {config.sharding}; batch global {config.batch_size}, per host {config.batch_size // n_proc}, "
+              f"per device {config.batch_size // n_dev}; {tokens_per_step} tokens/step; "
+              f"all-reduce self-test {allreduce_s:.2f}s")
 
   # ---------------------------------------------------------------- Model, optimizer, steps
-  model = make_model(config)
-  tx = optim.make(config)
-  special = tok.special
-  step_cfg = step_lib.StepConfig(
-      seed=config.seed, masking=config_lib.masking_config(config),
-      special_ids=(special.pad, special.unk, special.cls, special.sep, special.mask), mask_id=special.mask,
-      vocab_size=config.model.vocab_size, objectives=tuple(config_lib.active_objectives(config).items()),
-      grad_accum_steps=config.grad_accum_steps)
-  boxed, shardings = state_shardings(model, tx, config, mesh, rules)
-  batch_sharding = jax.sharding.NamedSharding(mesh, sharding.batch_spec())
-  repl = sharding.replicated(mesh)
-  train_step = jax.jit(
-      functools.partial(step_lib.train_step, model=model, tx=tx, cfg=step_cfg),
-      in_shardings=(shardings, batch_sharding), out_shardings=(shardings, repl), donate_argnums=(0,))
-  eval_step = jax.jit(functools.partial(step_lib.eval_step, model=model, cfg=step_cfg),
-                      in_shardings=(shardings.params, batch_sharding, repl), out_shardings=repl)
+  steps = make_steps(config, mesh, tok.special)
 
   # ---------------------------------------------------------------- State
   # Resume order: (1) the latest checkpoint in workdir (same run, exact), (2) weights from
   # config.init_from (a new run: fresh optimizer, step 0), (3) a fresh initialization.
   ckpt = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
-  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                          sharding.strip_boxes(boxed), shardings)
   if ckpt.latest_step() is not None:
-    state = ckpt.restore(abstract)
+    state = ckpt.restore(steps.abstract_state)
     writer.info(f"resumed from {ckpt.directory} at step {int(state.step)}")
   else:
-    # Initialized already sharded: each device computes only its own shards, nothing built on host.
-    init = jax.jit(lambda r: nn.unbox(init_state(r, model, tx, config)), out_shardings=shardings)
-    state = init(jax.random.key(config.seed))
+    state = steps.init(jax.random.key(config.seed))
     if config.init_from:
-      params = checkpoint.restore_params(config.init_from, abstract.params)
+      params = checkpoint.restore_params(config.init_from, steps.abstract_state.params)
       state = dataclasses.replace(state, params=params)
       writer.info(f"initialized weights from {config.init_from}")
   start = int(state.step)
-  man = manifest(config, tok, mesh)
+  man = manifest(config, tok, mesh, steps.model)
   n_params = sum(x.size for x in jax.tree.leaves(state.params))
   flops_per_token = flops.train_flops_per_token(
-      model.cfg, config.seq_len, step_cfg.masking.max_predictions, model.generator, model.sentence_head)
+      steps.model.cfg, config.seq_len, steps.cfg.masking.max_predictions, steps.model.generator,
+      steps.model.sentence_head)
   peak = flops.peak_flops(jax.devices()[0]) * n_dev
   writer.info(f"model: {n_params:,} parameters, {flops_per_token / 1e6:.1f} MFLOPs/token (train)")
 
   def evaluate(step: int):
     sums = None
-    for i, host_batch in enumerate(pipeline.eval_batches(data.eval, eval_bs, proc, n_proc)):
-      m = eval_step(state.params, global_batch(host_batch, mesh), jnp.int32(i))
+    for i, host in enumerate(pipeline.eval_batches(data.eval, eval_bs, proc, n_proc)):
+      m = steps.eval(state.params, global_batch(host, steps.batch_sharding), jnp.int32(i))
       sums = m if sums is None else sum_metrics(sums, m)
     writer.write(step, {f"eval/{k}": v for k, v in finalize(jax.device_get(sums)).items()})
 
+  def save(step: int):
+    ckpt.save(step, state, man, force=True)
+
   # ---------------------------------------------------------------- Train
-  pending, t_log, step_log = [], time.time(), start
-  t_start = time.time()
+  preemption = _Preemption()
+  pending, t_log, step_log, t_start = [], time.time(), start, time.time()
+  bad_in_a_row, prev_skipped = 0, None
   for step in range(start, config.total_steps):
     host = pipeline.batch_at(data.train, step, config.batch_size, config.seed, proc, n_proc)
-    state, metrics = train_step(state, global_batch(host, mesh))
+    state, metrics = steps.train(state, global_batch(host, steps.batch_sharding))
     pending.append(metrics)  # stays on device until the next log (fetching every step halves speed)
     done = step + 1
+    # Non-finite guard: read the previous step's flag (already computed, so no pipeline stall).
+    if prev_skipped is not None:
+      bad_in_a_row = bad_in_a_row + 1 if float(prev_skipped) > 0 else 0
+    prev_skipped = metrics["skipped"][0]
+    if bad_in_a_row >= config.max_nonfinite_steps:
+      save(done)
+      ckpt.close()
+      raise UserError(f"stopped at step {done}: {bad_in_a_row} steps in a row had a non-finite loss or gradient norm "
+                      f"(updates skipped; the last good state is saved in {ckpt.directory}); lower the learning "
+                      "rate, check the data, or use float32")
     if done % config.log_every == 0 or done == config.total_steps:
       summed = functools.reduce(sum_metrics, pending)
       values = {f"train/{k}": v for k, v in finalize(jax.device_get(summed)).items()}
+      values["train/skipped"] = float(summed["skipped"][0])  # a count over the window, not a mean
       dt = time.time() - t_log
       values["lr"] = float(optim.schedule(config)(done - 1))
       values["tokens_per_sec"] = (done - step_log) * tokens_per_step / dt
@@ -226,7 +316,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     if done % config.eval_every == 0 or done == config.total_steps:
       evaluate(done)
     if done % config.checkpoint_every == 0 or done == config.total_steps:
-      ckpt.save(done, state, man, force=True)
+      save(done)
+    # SIGTERM here, or another host's (jax's multi-host preemption sync point, via orbax): save and stop.
+    if preemption.requested or ckpt.manager.reached_preemption(done):
+      if done % config.checkpoint_every and done != config.total_steps:
+        save(done)
+      ckpt.close()
+      writer.info(f"preempted: saved step {done} in {ckpt.directory}; run the same command to resume")
+      writer.close()
+      return state
   ckpt.close()
   writer.close()
   return state

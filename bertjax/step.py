@@ -14,8 +14,7 @@ import jax.numpy as jnp
 import optax
 from flax import linen as nn
 
-from bertjax import masking
-from bertjax.objectives import total_loss
+from bertjax import masking, objectives
 
 RNG_MASK, RNG_DROPOUT, RNG_SAMPLE, RNG_EVAL = 0, 1, 2, 3
 
@@ -49,48 +48,65 @@ def apply_masking(rng, batch, cfg: StepConfig):
   return out
 
 
-def _loss_fn(params, batch, rng, model, cfg: StepConfig, deterministic: bool):
-  r_mask, r_drop, r_sample = (jax.random.fold_in(rng, i) for i in (RNG_MASK, RNG_DROPOUT, RNG_SAMPLE))
-  batch = apply_masking(r_mask, batch, cfg)
+def _loss_fn(params, batch, rng, model, cfg: StepConfig, deterministic: bool, denominators=None):
+  """Total loss and metrics of an already masked batch (`denominators`: see objectives.total_loss)."""
+  r_drop, r_sample = jax.random.fold_in(rng, RNG_DROPOUT), jax.random.fold_in(rng, RNG_SAMPLE)
   outputs = model.clone(deterministic=deterministic).apply(
       {"params": params}, batch, rngs={"dropout": r_drop, "sample": r_sample})
-  return total_loss(dict(cfg.objectives), outputs, batch)
+  return objectives.total_loss(dict(cfg.objectives), outputs, batch, denominators)
 
 
 def _add(a, b):
   return jax.tree.map(jnp.add, a, b)
 
 
+def _split(tree, k):
+  return jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), tree)
+
+
 def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.GradientTransformation, cfg: StepConfig):
-  """One optimizer step on a global batch, accumulating gradients over `grad_accum_steps` microbatches."""
+  """One optimizer step on a global batch, accumulating gradients over `grad_accum_steps` microbatches.
+
+  The whole batch is masked once and every microbatch's loss sums are divided by the whole batch's
+  target counts, so accumulation gives the large-batch gradient (exactly, up to summation order).
+  A non-finite loss or gradient norm skips the update (params and optimizer state unchanged) and
+  reports `skipped` = 1.
+  """
   rng = jax.random.fold_in(jax.random.key(cfg.seed), state.step)
+  batch = apply_masking(jax.random.fold_in(rng, RNG_MASK), batch, cfg)
+  denominators = objectives.counts(dict(cfg.objectives), batch)
   grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
   k = cfg.grad_accum_steps
 
   def micro(i, mb):
-    (_, metrics), grads = grad_fn(state.params, mb, jax.random.fold_in(rng, i), model, cfg, False)
+    (_, metrics), grads = grad_fn(state.params, mb, jax.random.fold_in(rng, i), model, cfg, False, denominators)
     return grads, metrics
 
   if k == 1:
     grads, metrics = micro(0, batch)
   else:
-    # A scan over microbatches: one gradient buffer, unlike optax.MultiSteps' extra copy across steps.
-    mbs = jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)
-    first = jax.tree.map(lambda x: x[0], mbs)
-    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: micro(0, first)))
+    # A scan over microbatches keeps one gradient buffer (optax.MultiSteps would keep another across steps).
+    mbs = _split(batch, k)
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: micro(0, jax.tree.map(lambda x: x[0], mbs))))
 
     def body(acc, xs):
-      i, mb = xs
-      return _add(acc, micro(i, mb)), None
+      return _add(acc, micro(*xs)), None
 
     (grads, metrics), _ = jax.lax.scan(body, zeros, (jnp.arange(k), mbs))
-    grads = jax.tree.map(lambda g: g / k, grads)
+    metrics["loss"] = (metrics["loss"][0], 1.0)  # the microbatch losses add up to the batch loss
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(metrics["loss"][0]) & jnp.isfinite(grad_norm)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  # Skip a non-finite step: keep the old params and optimizer state (the step counter still advances,
+  # so the next step sees new data and masks rather than the same poisoned batch).
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+  params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
   metrics.update(
-      grad_norm=(optax.global_norm(grads), 1.0),
+      grad_norm=(grad_norm, 1.0),
       param_norm=(optax.global_norm(params), 1.0),
       update_norm=(optax.global_norm(updates), 1.0),
+      skipped=(1.0 - finite.astype(jnp.float32), 1.0),
   )
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
@@ -99,5 +115,6 @@ def eval_step(params, batch, index, *, model: nn.Module, cfg: StepConfig):
   """Metric sums on one eval batch; its masks depend only on the batch index, so every eval of a run
   (and of runs with other seeds) scores the same masked positions."""
   rng = jax.random.fold_in(jax.random.key(RNG_EVAL), index)
+  batch = apply_masking(jax.random.fold_in(rng, RNG_MASK), batch, cfg)
   _, metrics = _loss_fn(params, batch, rng, model, cfg, True)
   return metrics

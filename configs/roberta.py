@@ -25,12 +25,14 @@ def get_config(arg: str = "base"):
   layers, hidden, heads, ffn, lr, warmup = VARIANTS[arg]
   c = defaults()
   # Run.
-  c.batch_size, c.seq_len = 8192, 512
+  c.batch_size, c.seq_len = 8192, 512  # 512 + offset 2 = the 514 positions
   c.total_steps, c.warmup_steps, c.learning_rate = 500_000, warmup, lr
+  # Data: FULL-SENTENCES packing across documents (no NSP); a BPE vocabulary when trained on the corpus.
+  c.data.format, c.data.tokenizer_model = "full_sentences", "bpe"
   # Model: one segment type, 514 positions, 50265 BPE ids.
   c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = layers, hidden, heads, ffn
   c.model.vocab_size, c.model.max_positions, c.model.type_vocab_size = 50265, 514, 1
-  c.model.layer_norm_eps = 1e-5
+  c.model.layer_norm_eps, c.model.position_offset = 1e-5, 2  # HF position ids start at padding_idx + 1
   c.model.dtype = "bfloat16"
   # Objectives: MLM only (dynamic masking is how bertjax always masks).
   c.objectives.mlm = 1.0

@@ -34,3 +34,27 @@ def micro(spec: str = "configs/bert.py:tiny", **overrides):
       node = node[p]
     node[leaf] = value
   return c
+
+
+# CLI flags that shrink configs/bert.py:tiny for subprocess tests (the same shapes as `micro`).
+MICRO_FLAGS = ("--config.model.hidden_size=64", "--config.model.intermediate_size=128", "--config.seq_len=64",
+               "--config.batch_size=16", "--config.data.dupe_factor=1", "--config.warmup_steps=5")
+
+
+def train_cli(workdir, *flags, spec="configs/bert.py:tiny", env=None, wait=True, timeout=900):
+  """Runs `python -m bertjax.train` on a micro config; returns the CompletedProcess (or Popen if not wait)."""
+  import subprocess
+  import sys
+
+  cmd = [sys.executable, "-m", "bertjax.train", f"--config={spec}", f"--workdir={workdir}", *MICRO_FLAGS, *flags]
+  env = dict(os.environ, **(env or {}))
+  if not wait:
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def read_metrics(workdir):
+  import json
+
+  with open(os.path.join(str(workdir), "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]

@@ -64,7 +64,8 @@ def test_discriminator_loss_does_not_reach_the_generator_through_sampling():
   config.objectives.mlm = 0.0  # RTD alone: only the sampling connects it to the generator
   model, params, cfg = _setup(config)
   cfg = step_lib.StepConfig(**{**cfg.__dict__, "objectives": (("rtd", 50.0),)})
-  grads = jax.grad(lambda p: step_lib._loss_fn(p, _batch(config), jax.random.key(0), model, cfg, True)[0])(params)
+  batch = step_lib.apply_masking(jax.random.key(3), _batch(config), cfg)
+  grads = jax.grad(lambda p: step_lib._loss_fn(p, batch, jax.random.key(0), model, cfg, True)[0])(params)
   gen = [np.abs(np.asarray(g)).max() for g in jax.tree.leaves({k: grads[k] for k in ("generator_encoder", "generator_mlm")})]
   disc = [np.abs(np.asarray(g)).max() for g in jax.tree.leaves(grads["encoder"])]
   assert max(gen) == 0.0, "RTD gradient leaked into the generator"
@@ -75,7 +76,8 @@ def test_generator_mlm_loss_trains_the_generator():
   config = micro("configs/electra.py:tiny", seq_len=S)
   model, params, cfg = _setup(config)
   cfg = step_lib.StepConfig(**{**cfg.__dict__, "objectives": (("mlm", 1.0),)})
-  grads = jax.grad(lambda p: step_lib._loss_fn(p, _batch(config), jax.random.key(0), model, cfg, True)[0])(params)
+  batch = step_lib.apply_masking(jax.random.key(3), _batch(config), cfg)
+  grads = jax.grad(lambda p: step_lib._loss_fn(p, batch, jax.random.key(0), model, cfg, True)[0])(params)
   assert max(np.abs(np.asarray(g)).max() for g in jax.tree.leaves(grads["generator_encoder"])) > 0
 
 
@@ -96,7 +98,8 @@ def test_registry_combinations_weight_and_sum(spec, weights, expected_outputs):
   out = model.apply({"params": params}, batch, rngs={"sample": jax.random.key(0)})
   assert set(out) == expected_outputs
   total, metrics = objectives.total_loss(weights, out, batch)
-  parts = sum(w * objectives.REGISTRY[name](out, batch)[0] for name, w in weights.items())
+  parts = sum(w * objectives.REGISTRY[name].loss(out, batch)[0] / objectives.REGISTRY[name].count(batch)
+              for name, w in weights.items())
   np.testing.assert_allclose(float(total), float(parts), rtol=1e-6)
   for name in weights:
     assert f"{name}_loss" in metrics

@@ -1,10 +1,16 @@
-"""Training instances from tokenized documents: NSP pairs, SOP pairs, single segments; fixed-length rows.
+"""Training instances from tokenized documents: NSP/SOP pairs, single segments, packed rows; fixed length.
 
 A tokenized document is a list of sentences, each a pair of arrays (ids, word_start). Pair creation
 follows google-research/bert's `create_instances_from_document` (target length with `short_seq_prob`,
 chunks of whole sentences, truncation of the longer segment at a random end) with two deliberate
 differences: NSP's random B segment always comes from *another* document, and SOP never falls back to
 a random-document pair (ALBERT's code did): a chunk that cannot give two segments is skipped and counted.
+
+Two formats without a sentence objective pack more text into each row:
+- `full_sentences` (RoBERTa's FULL-SENTENCES): contiguous whole sentences, crossing document boundaries,
+  up to seq_len, with an extra [SEP] where one document ends and the next begins; one attention group.
+- `packed`: runs of whole sentences of one document (as `single` makes them), several to a row, each
+  with its own group id (attention stays inside it) and positions restarting at 0 (`position_ids`).
 """
 
 import dataclasses
@@ -14,7 +20,9 @@ import numpy as np
 
 from bertjax.data.tokenizer import SpecialIds
 
-FORMATS = ("nsp", "sop", "single")
+FORMATS = ("nsp", "sop", "single", "full_sentences", "packed")
+PAIR_FORMATS = ("nsp", "sop")
+_PACKING_BINS = 8  # open rows the `packed` format fills first-fit before the oldest is written out
 
 
 @dataclasses.dataclass
@@ -23,6 +31,8 @@ class InstanceStats:
   positive: int = 0  # label 1: random-next (NSP) or swapped (SOP)
   too_short_documents: int = 0  # fewer than two sentences: cannot give a pair (SOP)
   unpaired_chunks: int = 0  # chunks of one sentence, skipped by SOP
+  examples: int = 0  # examples inside the rows (more than `instances` for the packed format)
+  tokens: int = 0  # real (non-padding) tokens in the rows, special tokens included
 
   @property
   def label_balance(self) -> float:
@@ -36,13 +46,16 @@ def _concat(segments):
 
 
 def _truncate_pair(a, b, max_tokens, rng):
-  """Drops tokens from the longer segment, at its front or back at random, until the pair fits."""
-  a, b = list(a), list(b)  # [ids, ws] each
-  while len(a[0]) + len(b[0]) > max_tokens:
-    seg = a if len(a[0]) > len(b[0]) else b
-    cut = slice(1, None) if rng.random() < 0.5 else slice(None, -1)
-    seg[0], seg[1] = seg[0][cut], seg[1][cut]
-  return a, b
+  """Drops tokens from the longer segment, at its front or back at random, until the pair fits.
+
+  BERT's loop, one random draw per dropped token, run on lengths and counts: the arrays are sliced once.
+  """
+  length, front = [len(a[0]), len(b[0])], [0, 0]
+  while length[0] + length[1] > max_tokens:
+    i = 0 if length[0] > length[1] else 1
+    length[i] -= 1
+    front[i] += rng.random() < 0.5
+  return [(x[0][f:f + n], x[1][f:f + n]) for x, f, n in zip((a, b), front, length)]
 
 
 def _target_length(max_tokens, short_seq_prob, rng):
@@ -113,45 +126,162 @@ def single_instances(docs, doc_index, max_tokens, rng, stats):
     yield (ids, ws), None, 0
 
 
-def to_row(a, b, label, seq_len, special: SpecialIds):
-  """[CLS] A [SEP] (B [SEP]) as fixed-length arrays padded with [PAD] (types 0 for A, 1 for B)."""
-  ids = [special.cls, *a[0], special.sep]
-  ws = [True, *a[1], True]
-  types = [0] * len(ids)
-  if b is not None:
-    ids += [*b[0], special.sep]
-    ws += [*b[1], True]
-    types += [1] * (len(b[0]) + 1)
-  n = len(ids)
-  pad = seq_len - n
-  return dict(
-      input_ids=np.asarray(ids + [special.pad] * pad, np.int32),
-      type_ids=np.asarray(types + [0] * pad, np.int32),
-      word_start=np.asarray(ws + [False] * pad, bool),
-      groups=np.asarray([1] * n + [0] * pad, np.int32),
-      sentence_label=np.int32(label),
-  )
+class _RowBuffer:
+  """Fixed-length rows written in place into arrays that grow by doubling (no per-row allocation)."""
+
+  def __init__(self, seq_len, special: SpecialIds, positions: bool):
+    self.seq_len, self.special, self.n = seq_len, special, 0
+    self.fields = dict(input_ids=(np.int32, special.pad), type_ids=(np.int32, 0), word_start=(bool, False),
+                       groups=(np.int32, 0), **(dict(position_ids=(np.int32, 0)) if positions else {}))
+    self.arrays = {k: np.full((64, seq_len), fill, dtype) for k, (dtype, fill) in self.fields.items()}
+    self.labels = np.zeros(64, np.int32)
+
+  def _next(self) -> int:
+    if self.n == len(self.labels):
+      for k, (dtype, fill) in self.fields.items():
+        grown = np.full((2 * self.n, self.seq_len), fill, dtype)
+        grown[:self.n] = self.arrays[k]
+        self.arrays[k] = grown
+      self.labels = np.concatenate([self.labels, np.zeros(self.n, np.int32)])
+    self.n += 1
+    return self.n - 1
+
+  def _segment(self, i, at, ids, ws, segment=0, group=1, position=None):
+    """[CLS]-less segment ids + [SEP] at row i from column `at`; returns the column after it."""
+    n = len(ids)
+    self.arrays["input_ids"][i, at:at + n], self.arrays["input_ids"][i, at + n] = ids, self.special.sep
+    self.arrays["word_start"][i, at:at + n], self.arrays["word_start"][i, at + n] = ws, True
+    self.arrays["type_ids"][i, at:at + n + 1] = segment
+    self.arrays["groups"][i, at:at + n + 1] = group
+    if position is not None:
+      self.arrays["position_ids"][i, at:at + n + 1] = np.arange(position, position + n + 1)
+    return at + n + 1
+
+  def _cls(self, i, at, group=1):
+    self.arrays["input_ids"][i, at], self.arrays["word_start"][i, at] = self.special.cls, True
+    self.arrays["groups"][i, at] = group
+    return at + 1
+
+  def add_pair(self, a, b, label):
+    """[CLS] A [SEP] (B [SEP]): types 0 for A, 1 for B."""
+    i = self._next()
+    at = self._segment(i, self._cls(i, 0), a[0], a[1])
+    if b is not None:
+      self._segment(i, at, b[0], b[1], segment=1)
+    self.labels[i] = label
+
+  def add_packed(self, examples):
+    """Examples [CLS] x [SEP] side by side: group ids 1, 2, ... and positions restarting at 0 in each."""
+    i, at = self._next(), 0
+    for group, (ids, ws) in enumerate(examples, start=1):
+      at = self._segment(i, self._cls(i, at, group), ids, ws, group=group, position=1)
+
+  def result(self) -> dict:
+    out = {k: v[:self.n] for k, v in self.arrays.items()}
+    out["sentence_label"] = self.labels[:self.n]
+    return out
 
 
-def make_instances(docs, fmt, seq_len, special, *, short_seq_prob=0.1, dupe_factor=1, seed=0):
-  """All instances of `docs` as stacked arrays, `dupe_factor` passes with different pairings."""
-  if fmt not in FORMATS:
-    raise ValueError(f"unknown instance format {fmt!r}")
-  stats = InstanceStats()
-  rows = []
-  for dupe in range(dupe_factor):
-    rng = random.Random(seed * 1000003 + dupe)
+def _pieces(docs, budget):
+  """(ids, word_start, starts_document) of every sentence in order, sentences longer than `budget`
+  cut into budget-sized pieces so that no text is lost."""
+  for doc in docs:
+    first = True
+    for ids, ws in doc:
+      for start in range(0, len(ids), budget):
+        yield ids[start:start + budget], ws[start:start + budget], first
+        first = False
+
+
+def full_sentence_rows(docs, seq_len, special: SpecialIds, stats):
+  """Yields the content of RoBERTa FULL-SENTENCES rows, (ids, word_start) to go between [CLS] and the last
+  [SEP]: whole sentences in corpus order crossing documents, an extra [SEP] where a document begins
+  inside a row (never at a row's start)."""
+  budget = seq_len - 2  # [CLS] and the closing [SEP]
+  content, used = [], 0
+  separator_piece = (np.array([special.sep], np.int32), np.ones(1, bool))
+  for ids, ws, starts_document in _pieces(docs, budget):
+    separator = starts_document and used > 0
+    if used + len(ids) + separator > budget:
+      stats.instances += 1
+      yield _concat(content)
+      content, used, separator = [], 0, False
+    if separator:
+      content.append(separator_piece)
+    content.append((ids, ws))
+    used += len(ids) + separator
+  if used:
+    stats.instances += 1
+    yield _concat(content)
+
+
+def packed_rows(examples, seq_len, stats):
+  """Yields lists of (ids, word_start) examples (each at most seq_len - 2 tokens) that fill one row
+  each with their [CLS] and [SEP]: first-fit over a few open rows, the oldest written out when none has
+  room, so short documents stop costing a row each."""
+  bins = []  # [examples, tokens used]
+  for ids, ws in examples:
+    n = len(ids) + 2
+    target = next((b for b in bins if b[1] + n <= seq_len), None)
+    if target is None:
+      if len(bins) == _PACKING_BINS:
+        stats.instances += 1
+        yield bins.pop(0)[0]
+      target = [[], 0]
+      bins.append(target)
+    target[0].append((ids, ws))
+    target[1] += n
+    stats.examples += 1
+  for examples_of_row, _ in bins:
+    stats.instances += 1
+    yield examples_of_row
+
+
+def _write_pass(rows: _RowBuffer, docs, fmt, seq_len, short_seq_prob, rng, stats):
+  """Writes the rows of one pass over `docs` into `rows`."""
+  if fmt == "full_sentences":
+    for content in full_sentence_rows(docs, seq_len, rows.special, stats):
+      stats.examples += 1
+      rows.add_pair(content, None, 0)
+  elif fmt == "packed":
+    single = InstanceStats()  # its instances are the examples, counted by packed_rows
+    examples = (a for d in range(len(docs)) for a, _, _ in single_instances(docs, d, seq_len - 2, rng, single))
+    for examples_of_row in packed_rows(examples, seq_len, stats):
+      rows.add_packed(examples_of_row)
+  else:
     for d in range(len(docs)):
       if fmt == "single":
         gen = single_instances(docs, d, seq_len - 2, rng, stats)
       else:
         gen = pair_instances(docs, d, fmt, seq_len - 3, short_seq_prob, rng, stats)
-      rows.extend(to_row(a, b, label, seq_len, special) for a, b, label in gen)
+      for a, b, label in gen:
+        stats.examples += 1
+        rows.add_pair(a, b, label)
+
+
+def make_instances(docs, fmt, seq_len, special, *, short_seq_prob=0.1, dupe_factor=1, seed=0):
+  """All instances of `docs` as stacked arrays, `dupe_factor` passes with different pairings.
+
+  Returns (arrays, stats): input_ids, type_ids, word_start, groups [N, seq_len] (plus position_ids for
+  the packed format) and sentence_label [N]; arrays is None when there are no instances. full_sentences
+  and packed rows involve no random choice, so they get one pass whatever dupe_factor says (masking is
+  dynamic: every epoch masks them anew). NSP needs two documents at least: with fewer, there are none.
+  """
+  if fmt not in FORMATS:
+    raise ValueError(f"unknown instance format {fmt!r}")
+  stats = InstanceStats()
+  if fmt == "nsp" and len(docs) < 2:
+    return None, stats
+  rows = _RowBuffer(seq_len, special, positions=fmt == "packed")
+  for dupe in range(dupe_factor if fmt in ("nsp", "sop", "single") else 1):
+    rng = random.Random(seed * 1000003 + dupe)
+    _write_pass(rows, docs, fmt, seq_len, short_seq_prob, rng, stats)
     if dupe == 0:
       first_pass = dataclasses.replace(stats)
-  if not rows:
+  if not rows.n:
     return None, stats
-  arrays = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+  arrays = rows.result()
+  stats.tokens = int((arrays["groups"] > 0).sum())
   # Documents are counted once, not once per pass.
   stats.too_short_documents, stats.unpaired_chunks = first_pass.too_short_documents, first_pass.unpaired_chunks
   return arrays, stats

@@ -45,10 +45,17 @@ class EncoderConfig:
   num_groups: int = 1  # ALBERT num_hidden_groups: distinct parameter sets of the shared blocks
   dtype: Any = jnp.float32  # compute dtype; parameters stay float32
   remat: str = "none"  # key of REMAT_POLICIES
+  activation: str = "gelu"  # gelu (exact erf, BERT) | gelu_new (tanh approximation, HF ALBERT checkpoints)
+  position_offset: int = 0  # first position id (HF RoBERTa counts from padding_idx + 1 = 2)
 
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
+
+
+def activation(cfg: EncoderConfig, x):
+  """The FFN / head activation: exact GELU unless a checkpoint asks for the tanh approximation."""
+  return nn.gelu(x, approximate=cfg.activation == "gelu_new")
 
 
 def _init(cfg: EncoderConfig, names):
@@ -108,9 +115,14 @@ class Embeddings(nn.Module):
     self.ln = layer_norm(c, "ln")
     self.drop = nn.Dropout(c.dropout)
 
-  def __call__(self, input_ids, type_ids, deterministic: bool):
+  def __call__(self, input_ids, type_ids, deterministic: bool, position_ids=None):
+    """position_ids [B, S] restart the positions of packed examples; default 0..S-1 (+ offset)."""
     x = jnp.take(self.word, input_ids, axis=0)
-    x = x + self.position[None, : input_ids.shape[1]] + jnp.take(self.type, type_ids, axis=0)
+    if position_ids is None:
+      pos = self.position[None, self.cfg.position_offset : self.cfg.position_offset + input_ids.shape[1]]
+    else:
+      pos = jnp.take(self.position, position_ids + self.cfg.position_offset, axis=0)
+    x = x + pos + jnp.take(self.type, type_ids, axis=0)
     x = self.drop(self.ln(x), deterministic=deterministic)
     return x.astype(self.cfg.dtype)
 
@@ -150,7 +162,7 @@ class FeedForward(nn.Module):
   def __call__(self, x):
     c = self.cfg
     h = dense(c, c.hidden_size, c.intermediate_size, (sh.EMBED, sh.MLP), "intermediate")(x)
-    h = nn.gelu(h, approximate=False)
+    h = activation(c, h)
     h = dense(c, c.intermediate_size, c.hidden_size, (sh.MLP, sh.EMBED), "output")(h)
     h = nn.Dropout(c.dropout)(h, deterministic=self.deterministic)
     return layer_norm(c, "ln")(x + h).astype(c.dtype)

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bertjax import sharding as sh
-from bertjax.model.encoder import EncoderConfig, _zeros, dense, layer_norm
+from bertjax.model.encoder import EncoderConfig, _zeros, activation, dense, layer_norm
 
 
 def gather_positions(hidden, positions):
@@ -22,7 +22,7 @@ class MLMHead(nn.Module):
     c = self.cfg
     x = gather_positions(hidden, positions)
     x = dense(c, c.hidden_size, c.embedding_size, (sh.EMBED, None), "transform")(x)
-    x = layer_norm(c, "ln", names=(None,))(nn.gelu(x, approximate=False))
+    x = layer_norm(c, "ln", names=(None,))(activation(c, x))
     bias = self.param("bias", _zeros((sh.VOCAB,)), (c.vocab_size,))
     # Decoder in the compute dtype, logits and loss in float32.
     return embeddings.attend(x.astype(c.dtype)).astype(jnp.float32) + bias
@@ -48,5 +48,5 @@ class RTDHead(nn.Module):
   @nn.compact
   def __call__(self, hidden):
     c = self.cfg
-    x = nn.gelu(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "transform")(hidden), approximate=False)
+    x = activation(c, dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "transform")(hidden))
     return dense(c, c.hidden_size, 1, (sh.EMBED, None), "logit")(x)[..., 0].astype(jnp.float32)

@@ -49,23 +49,25 @@ class Pretrainer(nn.Module):
     if self.sentence_head:
       self.sentence = SentenceHead(self.cfg)
 
-  def encode(self, input_ids, type_ids, groups):
+  def encode(self, input_ids, type_ids, groups, position_ids=None):
     """Final hidden states [B, S, H] of the main encoder."""
-    return self.encoder(self.embeddings(input_ids, type_ids, self.deterministic), groups)
+    return self.encoder(self.embeddings(input_ids, type_ids, self.deterministic, position_ids), groups)
 
   def __call__(self, batch):
-    """batch: masked `input_ids`, `type_ids`, `groups`, `mlm_positions`, `mlm_weights`, original `labels`.
+    """batch: masked `input_ids`, `type_ids`, `groups`, `mlm_positions`, `mlm_weights`, `original_ids`,
+    optionally `position_ids` (packed examples).
 
     Returns mlm_logits [B, P, V] (the generator's under RTD), and as configured sentence_logits [B, 2],
     rtd_logits [B, S] with rtd_labels [B, S] (1 where the corrupted token differs from the original).
     """
     ids, types, groups = batch["input_ids"], batch["type_ids"], batch["groups"]
+    positions = batch.get("position_ids")  # packed inputs restart positions per example
     out = {}
     if self.generator is None:
-      hidden = self.encode(ids, types, groups)
+      hidden = self.encode(ids, types, groups, positions)
       out["mlm_logits"] = self.mlm(hidden, batch["mlm_positions"], self.embeddings)
     else:
-      emb = self.embeddings(ids, types, self.deterministic)
+      emb = self.embeddings(ids, types, self.deterministic, positions)
       gen_hidden = self.generator_encoder(emb, groups)
       out["mlm_logits"] = logits = self.generator_mlm(gen_hidden, batch["mlm_positions"], self.embeddings)
       sampled = sample_tokens(self.make_rng("sample"), jax.lax.stop_gradient(logits), self.sample_temperature)
@@ -73,7 +75,7 @@ class Pretrainer(nn.Module):
       # "Replaced" only where the sample differs from the original: a generator that guesses the
       # original token has produced a real token, and the discriminator must call it original.
       out["rtd_labels"] = (corrupted != batch["original_ids"]).astype(jnp.int32)
-      hidden = self.encode(corrupted, types, groups)
+      hidden = self.encode(corrupted, types, groups, positions)
       out["rtd_logits"] = self.rtd(hidden)
     if self.sentence_head:
       out["sentence_logits"] = self.sentence(hidden)

@@ -1,27 +1,37 @@
 """Pretraining objectives by name: a config lists `objectives = {name: weight}` and the loss is the sum.
 
-Each objective is `fn(outputs, batch) -> (loss, metrics)`: `loss` a float32 scalar (mean over its
-targets), `metrics` a flat dict of (sum, count) pairs, divided only when reported, so they add up over
-steps, microbatches and eval batches. Adding an objective is a new module plus a line here.
+Each objective module has `loss(outputs, batch) -> (loss_sum, metrics)` (float32 sum over its targets;
+metrics a flat dict of (sum, count) pairs, divided only when reported) and `count(batch)`, the number of
+its targets, known before the forward pass. Dividing each sum by the count of the *whole* batch makes a
+step with gradient accumulation exactly the large-batch step. Adding one is a module plus a line here.
 """
 
 from bertjax.objectives import mlm, rtd, sentence
 
 REGISTRY = {
-    "mlm": mlm.loss,
-    "nsp": sentence.nsp_loss,
-    "sop": sentence.sop_loss,
-    "rtd": rtd.loss,
+    "mlm": mlm,
+    "nsp": sentence.nsp,
+    "sop": sentence.sop,
+    "rtd": rtd,
 }
 SENTENCE_OBJECTIVES = ("nsp", "sop")
 
 
-def total_loss(objectives: dict, outputs, batch):
-  """Weighted sum of the configured objectives' losses, and all their metrics (plus `loss`)."""
+def counts(objectives: dict, batch) -> dict:
+  """Targets per objective in `batch` (the normalizers of the losses)."""
+  return {name: REGISTRY[name].count(batch) for name in objectives}
+
+
+def total_loss(objectives: dict, outputs, batch, denominators=None):
+  """Weighted sum of the objectives' mean losses (sums over `denominators`, default: this batch's
+  counts), and all their metrics (plus `loss`)."""
+  import jax.numpy as jnp
+
+  denominators = counts(objectives, batch) if denominators is None else denominators
   total, metrics = 0.0, {}
   for name, weight in objectives.items():
-    loss, m = REGISTRY[name](outputs, batch)
-    total = total + weight * loss
+    loss_sum, m = REGISTRY[name].loss(outputs, batch)
+    total = total + weight * loss_sum / jnp.maximum(denominators[name], 1e-8)
     metrics.update(m)
   metrics["loss"] = (total, 1.0)
   return total, metrics

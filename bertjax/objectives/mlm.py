@@ -3,6 +3,10 @@
 from bertjax.objectives.common import softmax_xent
 
 
+def count(batch):
+  return batch["mlm_weights"].sum()
+
+
 def loss(outputs, batch):
-  mean, loss_sum, n, correct = softmax_xent(outputs["mlm_logits"], batch["mlm_labels"], batch["mlm_weights"])
-  return mean, {"mlm_loss": (loss_sum, n), "mlm_accuracy": (correct, n)}
+  loss_sum, n, correct = softmax_xent(outputs["mlm_logits"], batch["mlm_labels"], batch["mlm_weights"])
+  return loss_sum, {"mlm_loss": (loss_sum, n), "mlm_accuracy": (correct, n)}

@@ -13,9 +13,18 @@ import optax
 AUC_BINS = 1000
 
 
+def _token_weights(batch):
+  return (batch["groups"] > 0).astype(jnp.float32) * batch["example_weight"][:, None]
+
+
+def count(batch):
+  """Every real token of every real example is a target."""
+  return _token_weights(batch).sum()
+
+
 def loss(outputs, batch):
   logits, labels = outputs["rtd_logits"], outputs["rtd_labels"]
-  w = (batch["groups"] > 0).astype(jnp.float32) * batch["example_weight"][:, None]
+  w = _token_weights(batch)
   y = labels.astype(jnp.float32)
   bce = optax.sigmoid_binary_cross_entropy(logits, y)
   n = w.sum()
@@ -31,7 +40,7 @@ def loss(outputs, batch):
       "replaced_fraction": ((y * w).sum(), n),
       "rtd_auc": (hist(y * w), hist((1 - y) * w)),
   }
-  return (bce * w).sum() / jnp.maximum(n, 1e-8), metrics
+  return (bce * w).sum(), metrics
 
 
 def auc_from_histograms(pos, neg) -> float:

@@ -1,0 +1,135 @@
+"""`python -m bertjax.aot --config=configs/bert.py:large --topology=v4-32`: compile the real train step
+for a TPU slice on this machine (no TPU needed: libtpu from the `tpu` extra compiles for a topology
+description) and report per-device memory, FLOPs and XLA's step-time estimate, and whether it fits.
+"""
+
+import json
+import os
+import re
+
+# Compiling *for* a TPU topology needs libtpu but no TPU: JAX itself runs on the CPU, libtpu is asked only
+# for the topology description and the compiler (set before JAX is imported).
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # not on a TPU VM: don't wait for its metadata server
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other JAX processes here may hold libtpu
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from bertjax.errors import UserError, cli
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:large", lock_config=True)
+_TOPOLOGY = flags.DEFINE_string("topology", "v4-8", "TPU slice: v4-8, v4-32, v5e-8, v5e-16, v5p-8, v6e-8, ...")
+_JSON = flags.DEFINE_bool("json", False, "print one JSON object instead of the table")
+flags.mark_flags_as_required(["config"])
+
+# Per generation: jax topology prefix, HBM per chip (GiB), how slice names count (cores or chips),
+# chips per host, peak bf16 FLOP/s per chip.
+GENERATIONS = {
+    "v4": dict(prefix="v4", hbm_gib=32, per_chip=2, chips_per_host=4, peak=275e12),
+    "v5p": dict(prefix="v5p", hbm_gib=95, per_chip=2, chips_per_host=4, peak=459e12),
+    "v5e": dict(prefix="v5e", hbm_gib=16, per_chip=1, chips_per_host=8, peak=197e12),
+    "v5litepod": dict(prefix="v5e", hbm_gib=16, per_chip=1, chips_per_host=8, peak=197e12),
+    "v6e": dict(prefix="v6e", hbm_gib=32, per_chip=1, chips_per_host=8, peak=918e12),
+}
+# Chip grids for the slice sizes jax's topology descriptions accept (3-D tori for v4/v5p, 2-D for v5e/v6e).
+GRIDS_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4), 128: (4, 4, 8),
+            256: (4, 8, 8), 512: (8, 8, 8)}
+GRIDS_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16), 256: (16, 16)}
+
+
+def parse_topology(name: str) -> dict:
+  """'v4-32' -> generation facts, the number of chips and the jax topology name ('v4:2x4x2')."""
+  m = re.fullmatch(r"(v4|v5p|v5e|v5litepod|v6e)-(\d+)", name)
+  if not m:
+    raise UserError(f"unknown topology {name!r}; use e.g. v4-8, v4-32, v5e-8, v5e-16, v5p-8, v6e-8")
+  gen = GENERATIONS[m.group(1)]
+  chips = int(m.group(2)) // gen["per_chip"]
+  grid = (GRIDS_3D if gen["prefix"] in ("v4", "v5p") else GRIDS_2D).get(chips)
+  if grid is None:
+    raise UserError(f"no chip grid known for {name} ({chips} chips); use a power-of-two slice such as v4-8 or v4-32")
+  return dict(gen, name=name, chips=chips, grid=grid, topology=f"{gen['prefix']}:" + "x".join(map(str, grid)))
+
+
+def topology_devices(t: dict):
+  """The devices of a TPU slice description (compiling for them needs no TPU)."""
+  from jax.experimental import topologies
+
+  kwargs = {}
+  if len(t["grid"]) == 3:
+    host = (2, 2, 1)
+    kwargs = dict(chip_config_name="megacore", chips_per_host_bounds=host, num_slices=1)
+  try:
+    return topologies.get_topology_desc(platform="tpu", topology_name=t["topology"], **kwargs).devices
+  except Exception as e:
+    raise UserError(f"could not describe TPU topology {t['topology']} ({str(e).splitlines()[0][:200]}); "
+                    "install the TPU extra: pip install -e '.[tpu]'")
+
+
+def compile_for(config, t: dict) -> dict:
+  """Lowers and compiles the real train step for topology `t`; returns the figures."""
+  import jax
+
+  from bertjax import config as config_lib, flops, loop, sharding
+
+  config_lib.validate(config)
+  devices = topology_devices(t)
+  mesh = sharding.make_mesh(config.sharding, devices=devices, overrides=dict(config.mesh))
+  if config.batch_size % len(devices):
+    raise UserError(f"batch_size={config.batch_size} is not divisible by the {len(devices)} devices of {t['name']}")
+  steps = loop.make_steps(config, mesh)
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=steps.batch_sharding)
+           for k, v in loop.host_batch_spec(config, config.batch_size).items()}
+  compiled = steps.train.lower(steps.abstract_state, batch).compile()
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  gib = 1024**3
+  args, temp, out, alias = (getattr(mem, f"{k}_size_in_bytes", 0) for k in ("argument", "temp", "output", "alias"))
+  total = args + temp + out - alias
+  # v4/v5p megacore: one JAX device per chip, so the device has the chip's whole HBM.
+  hbm = t["hbm_gib"] * gib
+  flops_per_token = flops.train_flops_per_token(steps.model.cfg, config.seq_len, steps.cfg.masking.max_predictions,
+                                                steps.model.generator, steps.model.sentence_head)
+  tokens = config.batch_size * config.seq_len
+  model_step_flops = flops_per_token * tokens
+  peak = t["peak"] * t["chips"]
+  est = cost.get("optimal_seconds", 0.0)
+  return dict(
+      topology=t["name"], jax_topology=t["topology"], devices=len(devices), mesh=dict(mesh.shape),
+      sharding=config.sharding, global_batch=config.batch_size, seq_len=config.seq_len,
+      arguments_gib=args / gib, temporaries_gib=temp / gib, outputs_gib=out / gib, aliased_gib=alias / gib,
+      total_gib=total / gib, hbm_gib=hbm / gib, fits=total <= hbm,
+      xla_flops_per_device=float(cost.get("flops", 0.0)), model_flops_per_step=model_step_flops,
+      xla_estimated_step_seconds=float(est) if est and est > 0 else None,
+      roofline_step_seconds_at_100pct_mfu=model_step_flops / peak,
+  )
+
+
+def format_report(r: dict) -> str:
+  lines = [
+      f"topology {r['topology']} ({r['jax_topology']}, {r['devices']} devices), mesh {r['mesh']}, preset {r['sharding']}, "
+      f"batch {r['global_batch']} x {r['seq_len']}",
+      f"per-device memory: arguments {r['arguments_gib']:.2f} GiB + temporaries {r['temporaries_gib']:.2f} GiB "
+      f"+ outputs {r['outputs_gib']:.2f} GiB - aliased {r['aliased_gib']:.2f} GiB = {r['total_gib']:.2f} GiB "
+      f"of {r['hbm_gib']:.0f} GiB HBM",
+      f"FLOPs per step: {r['model_flops_per_step']:.3e} (model), {r['xla_flops_per_device']:.3e} per device (XLA)",
+  ]
+  est = r["xla_estimated_step_seconds"]
+  lines.append(f"XLA estimated step time: {est:.4f} s" if est else "XLA estimated step time: not reported by this libtpu")
+  lines.append(f"step time at 100% MFU: {r['roofline_step_seconds_at_100pct_mfu']:.4f} s")
+  lines.append("FITS" if r["fits"] else f"DOES NOT FIT: needs {r['total_gib']:.1f} GiB per device, "
+               f"has {r['hbm_gib']:.0f}; try --config.sharding=fsdp, --config.model.remat=full, "
+               "a smaller --config.batch_size or --config.grad_accum_steps")
+  return "\n".join(lines)
+
+
+@cli
+def main(argv):
+  del argv
+  report = compile_for(_CONFIG.value, parse_topology(_TOPOLOGY.value))
+  print(json.dumps(report) if _JSON.value else format_report(report))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,199 @@
+"""`python -m bertjax.bench --config=... [--batch_size=N] [--steps=N]`: compile and time the real train step.
+
+Prints one JSON object: `tokens_per_sec`, `step_seconds` (median of `--steps` timed steps after
+`--warmup` untimed ones), `compile_seconds` (trace + lower + XLA compile), `model_flops_per_token` (the
+analytic count `summary` prints), `mfu` and `peak_memory_bytes`. MFU is measured against the device's
+peak from `bertjax.flops.PEAK_FLOPS`; a CPU has no published peak, so there the denominator is a
+2048^3 matmul in the compute dtype timed in the same run, the best a dense kernel does on this machine.
+
+The step is `bertjax.step.train_step` jitted as the loop jits it (shardings from the model's logical
+axes, donated state), on a synthetic batch of the configured shape: [CLS] A [SEP] B [SEP] pairs of random
+non-special ids filling the whole sequence, so the masking, model, objectives and optimizer all run.
+The library functions here are what benchmarks/*.py reuse.
+"""
+
+import dataclasses
+import json
+import os
+import resource
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from flax import linen as nn
+from ml_collections import config_flags
+
+from bertjax import config as config_lib, flops, sharding
+from bertjax.errors import UserError, cli
+
+@dataclasses.dataclass
+class Bench:
+  """The loop's jitted train step for one config, with a batch to feed it."""
+
+  steps: object  # bertjax.loop.Steps: init, train, abstract_state, ...
+  mesh: jax.sharding.Mesh
+  rules: tuple  # the preset's logical axis rules (in context while the step is traced)
+  batch: dict  # device arrays of one global batch
+  batch_size: int
+  seq_len: int
+  flops_per_token: float
+
+
+def synthetic_batch(config, batch_size: int, seed: int = 0) -> dict:
+  """A host batch shaped like the loader's: full-length [CLS] A [SEP] B [SEP] rows of random
+  non-special ids (special ids as in `loop.DEFAULT_SPECIAL`)."""
+  from bertjax import loop
+
+  sp = loop.DEFAULT_SPECIAL
+  s = config.seq_len
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(max(dataclasses.astuple(sp)) + 1, config.model.vocab_size, (batch_size, s), dtype=np.int32)
+  split = rng.integers(2, s - 2, batch_size)  # the [SEP] that ends A
+  ids[:, 0], ids[:, -1] = sp.cls, sp.sep
+  ids[np.arange(batch_size), split] = sp.sep
+  return dict(
+      input_ids=ids,
+      type_ids=(np.arange(s)[None] > split[:, None]).astype(np.int32),
+      word_start=rng.random((batch_size, s)) < 0.7,
+      groups=np.ones((batch_size, s), np.int32),
+      sentence_label=rng.integers(0, 2, batch_size, dtype=np.int32),
+      example_weight=np.ones(batch_size, np.float32),
+  )
+
+
+def setup(config, batch_size: int = 0) -> Bench:
+  """The loop's jitted steps for `config` at a global batch of `batch_size` (0: the config's)."""
+  from bertjax import loop  # the loop imports the data pipeline; keep `import bertjax.bench` light
+
+  config = config.copy_and_resolve_references()
+  config.batch_size = batch_size or config.batch_size
+  config_lib.validate(config)
+  n_dev = jax.device_count()
+  if config.batch_size % (n_dev * config.grad_accum_steps):
+    raise UserError(f"batch_size={config.batch_size} is not divisible by the {n_dev} devices "
+                    f"(x grad_accum_steps={config.grad_accum_steps}); use a multiple of {n_dev * config.grad_accum_steps}")
+  mesh = sharding.make_mesh(config.sharding, overrides=dict(config.mesh))
+  steps = loop.make_steps(config, mesh)
+  batch = jax.device_put(synthetic_batch(config, config.batch_size), steps.batch_sharding)
+  fpt = flops.train_flops_per_token(steps.model.cfg, config.seq_len, steps.cfg.masking.max_predictions,
+                                    steps.model.generator, steps.model.sentence_head)
+  return Bench(steps, mesh, sharding.rules_for(config.sharding), batch, config.batch_size, config.seq_len, fpt)
+
+
+def compile_step(bench: Bench):
+  """(compiled train step, seconds to trace, lower and compile it); no state is allocated."""
+  t0 = time.perf_counter()
+  with nn.logical_axis_rules(bench.rules), jax.set_mesh(bench.mesh):
+    jitted = bench.steps.train.__wrapped__  # make_steps wraps the jitted step to trace under the rules
+    compiled = jitted.lower(bench.steps.abstract_state, bench.batch).compile()
+  return compiled, time.perf_counter() - t0
+
+
+def time_steps(compiled, state, batch, steps: int, warmup: int):
+  """Runs warmup + steps steps, each waited for; returns (final state, the timed steps' seconds)."""
+  times = []
+  for i in range(warmup + steps):
+    t0 = time.perf_counter()
+    state, metrics = compiled(state, batch)
+    jax.block_until_ready((state, metrics))
+    if i >= warmup:
+      times.append(time.perf_counter() - t0)
+  return state, times
+
+
+def matmul_peak(dtype=jnp.float32, n: int = 2048, repeats: int = 10) -> float:
+  """FLOP/s of an n^3 matmul on the default device: the median of `repeats` timed runs."""
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
+  mm = jax.jit(lambda x, y: x @ y)
+  mm(a, b).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    mm(a, b).block_until_ready()
+    times.append(time.perf_counter() - t0)
+  return 2.0 * n**3 / statistics.median(times)
+
+
+def peak_memory(compiled) -> tuple:
+  """(bytes, source): the device's peak if it reports one, else XLA's estimate for the step
+  (arguments + outputs - aliased + temporaries)."""
+  stats = jax.devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    return int(stats["peak_bytes_in_use"]), "device"
+  m = compiled.memory_analysis()
+  if m is None:
+    return 0, "unknown"
+  total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+  return int(total), "xla_estimate"
+
+
+def measure(config, batch_size: int = 0, steps: int = 10, warmup: int = 2, peak: float = 0.0) -> dict:
+  """Compiles and times the config's train step; the dict the CLI prints as JSON.
+
+  `peak` (FLOP/s of all devices) overrides the peak MFU is measured against (the benchmarks pass one
+  matmul measurement to several runs).
+  """
+  if steps < 1 or warmup < 0:
+    raise UserError(f"steps={steps}, warmup={warmup}: time at least one step (--steps >= 1, --warmup >= 0)")
+  bench = setup(config, batch_size)
+  compiled, compile_seconds = compile_step(bench)
+  state = bench.steps.init(jax.random.key(config.seed))
+  state, times = time_steps(compiled, state, bench.batch, steps, warmup)
+  del state
+  step_seconds = statistics.median(times)
+  tokens_per_sec = bench.batch_size * bench.seq_len / step_seconds
+  device = jax.devices()[0]
+  dtype = config_lib.DTYPES[config.model.dtype]
+  peak_source = "given"
+  if not peak:
+    peak, peak_source = flops.peak_flops(device) * jax.device_count(), "table"
+  if not peak:
+    peak, peak_source = matmul_peak(dtype) * jax.device_count(), "measured_matmul_2048"
+  mem, mem_source = peak_memory(compiled)
+  return dict(
+      tokens_per_sec=tokens_per_sec,
+      step_seconds=step_seconds,
+      compile_seconds=compile_seconds,
+      model_flops_per_token=bench.flops_per_token,
+      mfu=tokens_per_sec * bench.flops_per_token / peak,
+      peak_memory_bytes=mem,
+      peak_memory_source=mem_source,
+      host_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+      peak_flops=peak,
+      peak_flops_source=peak_source,
+      batch_size=bench.batch_size,
+      seq_len=bench.seq_len,
+      dtype=config.model.dtype,
+      steps=steps,
+      warmup=warmup,
+      step_seconds_min=min(times),
+      step_seconds_max=max(times),
+      device=device.device_kind,
+      device_count=jax.device_count(),
+  )
+
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:base", lock_config=True)
+_BATCH = flags.DEFINE_integer("batch_size", 0, "global batch size (0: the config's)")
+_STEPS = flags.DEFINE_integer("steps", 10, "timed steps (the median is reported)")
+_WARMUP = flags.DEFINE_integer("warmup", 2, "untimed steps after compilation")
+flags.mark_flags_as_required(["config"])
+
+
+@cli
+def main(argv):
+  del argv
+  from bertjax import distributed
+
+  distributed.setup()
+  print(json.dumps(measure(_CONFIG.value, _BATCH.value, _STEPS.value, _WARMUP.value)), flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,359 @@
+"""Streaming, parallel preparation of a corpus into shards: what `python -m bertjax.prepare` runs.
+
+The flow, with memory bounded whatever the corpus size:
+
+  source (main process, one pass)  ->  chunks of whole documents (~CHUNK_BYTES of text, >= 2 documents,
+  each document sent to train or to eval by the same fixed rule as pipeline.split_documents)
+  ->  worker processes (`--workers`): split sentences, tokenize, make instances
+  ->  main process: rows appended to the shard files in chunk order, counts summed, progress printed.
+
+At most 2 x workers chunks are in flight, so memory is a few chunks, never the corpus. Every random
+choice in a chunk is seeded by (config.seed, split, chunk index), and chunks are formed and written in
+corpus order, so the shards are byte-identical whatever the number of workers.
+
+NSP's random next segment must come from another document: it is drawn from the other documents of the
+same chunk (BERT drew from the whole corpus, which is what made its preparation need the corpus in
+memory). A chunk holds hundreds of Wikipedia articles, or a few books; the last, short chunk of a split
+is merged into the one before, so every chunk has two documents at least.
+"""
+
+import collections
+import dataclasses
+import hashlib
+import multiprocessing
+import os
+import random
+import shutil
+import sys
+import time
+
+import numpy as np
+
+from bertjax.data import instances, shards, sources
+from bertjax.data.tokenizer import Tokenizer, load_tokenizer
+from bertjax.errors import UserError
+
+CHUNK_BYTES = 1 << 20  # text per work unit: big enough to amortize the hand-over, small enough to spread
+_EVAL_SPLIT_SEED = 1234  # pipeline.split_documents's fixed rule: held-out documents do not depend on the seed
+_OUR_FILES = (shards.METADATA, "tokenizer.model", "tokenizer.vocab", "vocab.txt")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What a worker needs to turn raw documents into rows (picklable; no config, no JAX)."""
+
+  tokenizer: str  # absolute spec of the tokenizer beside the shards
+  paragraphs: bool  # lines are paragraphs: split them into sentences
+  fmt: str
+  seq_len: int
+  short_seq_prob: float
+  dupe_factor: int
+  seed: int
+  dtype: np.dtype  # the stored row
+
+
+@dataclasses.dataclass
+class ChunkResult:
+  split: str
+  records: np.ndarray  # structured rows, Settings.dtype
+  stats: instances.InstanceStats
+  documents: int
+  sentences: int
+  tokens: int  # tokens of the corpus text (before instances are made)
+
+
+def chunk_seed(seed: int, split: str, index: int) -> int:
+  """The seed of one chunk's random choices: a function of where the chunk is, not of who processes it."""
+  return int.from_bytes(hashlib.sha256(f"{seed}/{split}/{index}".encode()).digest()[:7], "little")
+
+
+def held_out_rule(eval_fraction: float):
+  """A function called once per document in corpus order: True if that document is held out for eval."""
+  rng = random.Random(_EVAL_SPLIT_SEED)
+  return lambda: rng.random() < eval_fraction
+
+
+def chunk_documents(docs, eval_fraction: float, chunk_bytes: int = CHUNK_BYTES):
+  """Yields (split, index, documents): consecutive documents of one split, >= chunk_bytes of text and
+  >= 2 documents each, except that a split with a single document gives one chunk of one. Holds at
+  most two chunks per split (the last one waits to see whether the split's tail must join it)."""
+  held = held_out_rule(eval_fraction)
+  state = {split: dict(open=[], size=0, pending=None, index=0) for split in ("train", "eval")}
+
+  def emit(split, docs_):
+    s = state[split]
+    s["index"] += 1
+    return split, s["index"] - 1, docs_
+
+  for lines in docs:
+    split = "eval" if held() else "train"
+    s = state[split]
+    s["open"].append(lines)
+    s["size"] += sum(len(line) for line in lines)
+    if len(s["open"]) >= 2 and s["size"] >= chunk_bytes:
+      if s["pending"] is not None:
+        yield emit(split, s["pending"])
+      s["pending"], s["open"], s["size"] = s["open"], [], 0
+  for split, s in state.items():
+    last = s["open"]
+    if s["pending"] is not None and len(last) < 2:
+      s["pending"], last = s["pending"] + last, []
+    if s["pending"] is not None:
+      yield emit(split, s["pending"])
+    if last:
+      yield emit(split, last)
+
+
+_TOKENIZERS = {}
+
+
+def _tokenizer(spec: str) -> Tokenizer:
+  if spec not in _TOKENIZERS:  # loaded once per worker process
+    _TOKENIZERS[spec] = load_tokenizer(spec)
+  return _TOKENIZERS[spec]
+
+
+def process_chunk(task) -> ChunkResult:
+  """(settings, split, index, raw documents) -> the chunk's rows and counts. Runs in a worker."""
+  settings, split, index, docs = task
+  tok = _tokenizer(settings.tokenizer)
+  tokenized, sentences, tokens = [], 0, 0
+  for lines in docs:
+    sents = sources.to_sentences(lines, settings.paragraphs)
+    sentences += len(sents)
+    encoded = [e for e in map(tok.encode, sents) if len(e[0])]
+    tokens += sum(len(e[0]) for e in encoded)
+    if encoded:
+      tokenized.append(encoded)
+  train = split == "train"
+  arrays, stats = instances.make_instances(
+      tokenized, settings.fmt, settings.seq_len, tok.special,
+      short_seq_prob=settings.short_seq_prob if train else 0.0, dupe_factor=settings.dupe_factor if train else 1,
+      seed=chunk_seed(settings.seed if train else 0, split, index))
+  records = np.empty(0, settings.dtype) if arrays is None else shards.to_records(arrays, settings.dtype)
+  return ChunkResult(split, records, stats, len(docs), sentences, tokens)
+
+
+def ordered_map(fn, tasks, workers: int, max_in_flight: int = 0):
+  """fn over tasks, results in task order: in this process (workers=0) or in `workers` spawned processes
+  with at most `max_in_flight` (default 2 x workers) tasks handed out and not yet taken back, so a
+  fast reader never piles up the corpus in queues (Pool.imap would read the whole iterator ahead)."""
+  if workers <= 0:
+    yield from map(fn, tasks)
+    return
+  limit = max_in_flight or 2 * workers
+  # spawn, not fork: the parent may hold TensorFlow (tfds) or JAX threads, which fork can deadlock.
+  with multiprocessing.get_context("spawn").Pool(workers) as pool:
+    pending = collections.deque()
+    for task in tasks:
+      pending.append(pool.apply_async(fn, (task,)))
+      if len(pending) >= limit:
+        yield pending.popleft().get()
+    while pending:
+      yield pending.popleft().get()
+
+
+def _sample_lines(reader: sources.Reader, eval_fraction: float, size: int, seed: int) -> list:
+  """A uniform sample (reservoir) of `size` lines of the training documents (all of them if size <= 0)."""
+  held, rng, sample, seen = held_out_rule(eval_fraction), random.Random(seed), [], 0
+  for lines in reader.read(sources.SourceStats()):
+    if held():
+      continue
+    for line in lines:
+      if size <= 0 or len(sample) < size:
+        sample.append(line)
+      else:
+        slot = int(rng.random() * (seen + 1))
+        if slot < size:
+          sample[slot] = line
+      seen += 1
+  return sample
+
+
+def prepare_tokenizer(config, reader: sources.Reader, directory: str) -> str:
+  """Puts the run's tokenizer beside the shards and returns its spec relative to `directory`.
+
+  config.data.tokenizer is copied there; with none, SentencePiece (data.tokenizer_model) is trained on
+  a sample of the training documents: data.tokenizer_sentences lines drawn uniformly (a reservoir, one
+  pass, memory bounded by the sample), split into sentences, shuffled with the seed.
+  """
+  from bertjax.data import pipeline  # pipeline imports the config module, which imports JAX
+
+  d = config.data
+  if d.tokenizer:
+    tok = load_tokenizer(d.tokenizer)
+    name = "tokenizer.model" if tok.kind == "spm" else "vocab.txt"
+    shutil.copyfile(tok.path, os.path.join(directory, name))
+    spec = f"{tok.kind}:{name}" + (":cased" if tok.kind == "wordpiece" and not tok.lowercase else "")
+  else:
+    lines = _sample_lines(reader, d.eval_fraction, d.tokenizer_sentences, config.seed)
+    sentences = [s for line in lines for s in sources.to_sentences([line], reader.paragraphs)]
+    random.Random(config.seed).shuffle(sentences)
+    pipeline.train_tokenizer(config, sentences, os.path.join(directory, "tokenizer"))
+    spec = "spm:tokenizer.model"
+  pipeline.check_vocab_size(load_tokenizer(absolute_spec(spec, directory)), config.model.vocab_size)
+  return spec
+
+
+def absolute_spec(spec: str, directory: str) -> str:
+  kind, _, path = spec.partition(":")
+  return f"{kind}:{os.path.join(directory, path)}"
+
+
+def _claim_directory(directory: str, overwrite: bool):
+  """Creates the output directory, refusing (unless overwrite) one that holds a preparation already."""
+  if "://" in directory:
+    raise UserError(f"--out={directory}: shards are memory-mapped, so write them to a local or mounted "
+                    "directory (gcsfuse for a bucket)")
+  os.makedirs(directory, exist_ok=True)
+  ours = [n for n in os.listdir(directory) if n in _OUR_FILES or n.endswith(".rows")]
+  if ours and not overwrite:
+    raise UserError(f"{directory} already holds a preparation ({', '.join(sorted(ours)[:3])}, ...); "
+                    "use another --out, or --overwrite to replace it")
+  for name in [shards.METADATA] + ours:  # the metadata first: a crash after this leaves no false 'done'
+    if os.path.exists(os.path.join(directory, name)):
+      os.remove(os.path.join(directory, name))
+
+
+def _fields(fmt: str) -> list:
+  return ["input_ids", "type_ids", "word_start", "groups", "sentence_label"] + (
+      ["position_ids"] if fmt == "packed" else [])
+
+
+def _human(x: float) -> str:
+  for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    if abs(x) >= size:
+      return f"{x / size:.1f}{unit}"
+  return f"{x:.0f}"
+
+
+class Progress:
+  """A progress line on `stream`: redrawn in place on a terminal, else a new line every `every` seconds."""
+
+  def __init__(self, reader: sources.Reader, stream, every: float = 15.0):
+    self.reader, self.stream = reader, stream
+    self.start = self.last = time.time()
+    self.tty = hasattr(stream, "isatty") and stream.isatty()
+    self.every = 0.2 if self.tty else every
+
+  def update(self, stats: sources.SourceStats, tokens: int, rows: int, force: bool = False):
+    now = time.time()
+    if not force and now - self.last < self.every:
+      return
+    self.last, elapsed = now, max(now - self.start, 1e-9)
+    parts = []
+    total = self.reader.total
+    if total:
+      done = min(stats.progress / total, 1.0)
+      bar = "#" * int(done * 24)
+      eta = elapsed * (1 - done) / done if done > 0 else 0
+      parts.append(f"[{bar:<24}] {done:6.1%} of {_human(total)} {self.reader.unit}, ETA {eta:.0f}s")
+    parts.append(f"documents {stats.documents:,}  tokens {_human(tokens)}  rows {rows:,}  "
+                 f"{_human(tokens / elapsed)} tokens/s")
+    line = "prepare " + "  ".join(parts)
+    print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=self.stream, flush=True)
+
+  def close(self):
+    if self.tty:
+      print(file=self.stream, flush=True)
+
+
+def _add(total: instances.InstanceStats, part: instances.InstanceStats):
+  for f in dataclasses.fields(total):
+    setattr(total, f.name, getattr(total, f.name) + getattr(part, f.name))
+
+
+def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, progress=sys.stderr) -> dict:
+  """Prepares config.data.source into shards in `directory` for runs of `config`; returns the metadata.
+
+  Args:
+    config: a training config (its seq_len, objectives / data.format, tokenizer and data settings).
+    directory: where to write (created; see bertjax.data.shards for the layout).
+    workers: processes that tokenize and make instances; 0 does everything in this process.
+    overwrite: replace a preparation already in `directory`.
+    progress: stream for the progress line (None: quiet).
+  """
+  from bertjax import config as config_lib
+  from bertjax.data import pipeline
+
+  config_lib.validate(config)
+  d = config.data
+  if d.source.startswith("shards:"):
+    raise UserError(f"data.source={d.source!r} is prepared already; name a corpus (demo, text:GLOB, tfds:NAME)")
+  fmt = pipeline.resolve_format(config)
+  directory = os.path.abspath(os.path.expanduser(directory))
+  _claim_directory(directory, overwrite)
+  reader = sources.open_source(d.source, split_paragraphs=d.split_paragraphs, tfds_text_key=d.tfds_text_key,
+                               tfds_data_dir=d.tfds_data_dir)
+  t0 = time.time()
+  spec = prepare_tokenizer(config, reader, directory)
+  tok = load_tokenizer(absolute_spec(spec, directory))
+  types = shards.storage_types(_fields(fmt), tok.vocab_size)
+  settings = Settings(absolute_spec(spec, directory), reader.paragraphs, fmt, config.seq_len, d.short_seq_prob,
+                      d.dupe_factor, config.seed, shards.row_dtype(types, config.seq_len))
+
+  t1 = time.time()
+  stats = sources.SourceStats()
+  writers = {split: shards.ShardWriter(directory, split, settings.dtype) for split in ("train", "eval")}
+  made = {split: instances.InstanceStats() for split in writers}
+  documents, sentences, tokens = dict(train=0, eval=0), 0, 0
+  bar = Progress(reader, progress) if progress else None
+  chunks = chunk_documents(reader.read(stats), d.eval_fraction, CHUNK_BYTES)
+  tasks = ((settings, split, index, docs) for split, index, docs in chunks)
+  for result in ordered_map(process_chunk, tasks, workers):
+    writers[result.split].write(result.records)
+    _add(made[result.split], result.stats)
+    documents[result.split] += result.documents
+    sentences, tokens = sentences + result.sentences, tokens + result.tokens
+    if bar:
+      bar.update(stats, tokens, made["train"].instances + made["eval"].instances)
+  files = {split: w.close() for split, w in writers.items()}
+  seconds = time.time() - t1
+  if bar:
+    bar.update(stats, tokens, made["train"].instances + made["eval"].instances, force=True)
+    bar.close()
+  stats.sentences = sentences
+  if not made["train"].instances or not made["eval"].instances:
+    raise UserError(f"corpus {d.source!r} gave {made['train'].instances} train and {made['eval'].instances} eval "
+                    f"{fmt} instances from {stats.documents} documents; use a larger corpus (SOP needs "
+                    "documents of two sentences or more) or change --config.data.eval_fraction")
+  meta = dict(
+      version=shards.VERSION, format=fmt, seq_len=config.seq_len, fields=types,
+      tokenizer=dict(spec=spec, fingerprint=tok.fingerprint, vocab_size=tok.vocab_size),
+      source=d.source, settings=dict(seed=config.seed, dupe_factor=d.dupe_factor, short_seq_prob=d.short_seq_prob,
+                                     eval_fraction=d.eval_fraction, split_paragraphs=reader.paragraphs,
+                                     chunk_bytes=CHUNK_BYTES),
+      splits={split: dict(rows=made[split].instances, documents=documents[split], shards=files[split])
+              for split in writers},
+      counts=dict(source=dataclasses.asdict(stats), tokens=tokens,
+                  **{split: dataclasses.asdict(made[split]) for split in writers}),
+      timing=dict(tokenizer_seconds=t1 - t0, seconds=seconds, workers=workers, tokens_per_second=tokens / seconds),
+  )
+  shards.write_metadata(directory, meta)
+  return meta
+
+
+def summary(meta: dict, directory: str) -> str:
+  """The lines `prepare` prints when done: what was read, what was made, how fast."""
+  c, s, t = meta["counts"], meta["splits"], meta["timing"]
+  train, ev = c["train"], c["eval"]
+  tok = meta["tokenizer"]
+  size = sum(os.path.getsize(os.path.join(directory, f["file"])) for split in s.values() for f in split["shards"])
+  n_files = sum(len(split["shards"]) for split in s.values())
+  fill = (train["tokens"] + ev["tokens"]) / max(1, (train["instances"] + ev["instances"]) * meta["seq_len"])
+  share = train["positive"] / max(1, train["instances"])
+  lines = [
+      f"prepared {meta['source']} -> {directory}: {meta['format']} rows of seq_len {meta['seq_len']}, "
+      f"tokenizer {tok['spec']} ({tok['vocab_size']} ids, fingerprint {tok['fingerprint']})",
+      f"documents {c['source']['documents']:,} (train {s['train']['documents']:,}, eval "
+      f"{s['eval']['documents']:,}), sentences {c['source']['sentences']:,}, tokens {c['tokens']:,}"
+      + (f"; {c['source']['invalid_lines']:,} invalid UTF-8 lines skipped" if c["source"]["invalid_lines"] else ""),
+      f"instances train {train['instances']:,}, eval {ev['instances']:,}; label-1 share {share:.3f}; "
+      f"documents too short for a pair {train['too_short_documents'] + ev['too_short_documents']:,}",
+      f"rows {fill:.1%} full; {n_files} shard files, {size / 1e6:.1f} MB; tokenizer {t['tokenizer_seconds']:.1f}s, "
+      f"instances {t['seconds']:.1f}s = {t['tokens_per_second']:,.0f} tokens/s with "
+      f"{t['workers'] or 'no'} worker processes",
+  ]
+  if meta["format"] == "packed":
+    lines[2] += f"; {train['examples'] + ev['examples']:,} examples packed"
+  return "\n".join(lines)

@@ -1,0 +1,98 @@
+"""The fine-tuning model (bertjax's Embeddings + Encoder, a tanh pooler on [CLS], dropout, a linear
+classifier), its initialization from pretrained weights, and ELECTRA's layer-wise learning-rate decay."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import linen as nn
+
+from bertjax import sharding as sh
+from bertjax.errors import UserError
+from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig, dense
+
+
+class Classifier(nn.Module):
+  """Sentence(-pair) classifier or regressor (num_outputs 1) over the pretrained encoder; the pooler and
+  classifier are BERT's (the pooler starts from the pretrained NSP/SOP pooler where there is one)."""
+
+  cfg: EncoderConfig
+  num_outputs: int
+  classifier_dropout: float = 0.1
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, input_ids, type_ids, groups):
+    c = self.cfg
+    x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic)
+    hidden = Encoder(c, self.deterministic, name="encoder")(x, groups)
+    pooled = jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pooler")(hidden[:, 0]))
+    pooled = nn.Dropout(self.classifier_dropout)(pooled, deterministic=self.deterministic)
+    return dense(c, c.hidden_size, self.num_outputs, (sh.EMBED, None), "classifier")(pooled).astype(jnp.float32)
+
+
+@functools.lru_cache(maxsize=4)
+def _init_fn(model: Classifier):
+  ids = jnp.zeros((1, 8), jnp.int32)
+  return jax.jit(lambda r: model.init({"params": r}, ids, ids, jnp.ones_like(ids))["params"])
+
+
+def init_params(model: Classifier, rng, pretrained: dict, pooler: dict | None) -> tuple[dict, list]:
+  """(params, names of the freshly initialized parts): embeddings and encoder from `pretrained` (a
+  Pretrainer params tree), the pooler from `pooler` when given, the classifier always fresh."""
+  fresh = _init_fn(model)(rng)
+  params = dict(sh.strip_boxes(fresh))
+  for name in ("embeddings", "encoder"):
+    want = jax.tree.map(np.shape, params[name])
+    have = jax.tree.map(np.shape, pretrained[name])
+    if want != have:
+      raise UserError(f"the checkpoint's {name} do not fit the model built from its config; is config.json "
+                      "the checkpoint's own?")
+    params[name] = jax.tree.map(jnp.asarray, pretrained[name])
+  new = ["classifier"]
+  if pooler is not None:
+    params["pooler"] = jax.tree.map(jnp.asarray, pooler)
+  else:
+    new.append("pooler")
+  return params, new
+
+
+def layer_multipliers(params: dict, cfg: EncoderConfig, decay: float) -> dict:
+  """Learning-rate multipliers (ELECTRA's layer-wise decay): decay^(L + 2 - depth) with depth 0 for the
+  embeddings (and E->H projection), i + 1 for layer i, L + 1 for the pooler and L + 2 for the classifier.
+  Stacked layers get one multiplier per layer along their leading axis; ALBERT's shared groups take
+  their deepest layer's."""
+  n = cfg.num_layers
+  per_layer = decay ** (n + 1 - np.arange(n, dtype=np.float64))  # layer i at depth i + 1
+  groups = np.arange(1, cfg.num_groups + 1) * n // cfg.num_groups  # deepest layer of each group, + 1
+  per_group = decay ** (n + 2 - groups.astype(np.float64))
+
+  def mult(path, leaf):
+    keys = [getattr(k, "key", None) for k in path]
+    top = keys[0]
+    if top == "embeddings" or keys[:2] == ["encoder", "embedding_projection"]:
+      return jnp.float32(decay ** (n + 2))
+    if top == "pooler":
+      return jnp.float32(decay)
+    if top == "encoder":
+      m = per_layer if keys[1] == "layers" else per_group
+      return jnp.asarray(m.reshape((-1,) + (1,) * (np.ndim(leaf) - 1)), jnp.float32)
+    return jnp.float32(1.0)
+
+  return jax.tree_util.tree_map_with_path(mult, params)
+
+
+def scale_by_tree(multipliers) -> optax.GradientTransformation:
+  """Multiplies each update by its entry of `multipliers` (a tree of scalars or broadcastable arrays)."""
+
+  def init(params):
+    del params
+    return optax.EmptyState()
+
+  def update(updates, state, params=None):
+    del params
+    return jax.tree.map(lambda u, m: u * m.astype(u.dtype), updates, multipliers), state
+
+  return optax.GradientTransformation(init, update)

@@ -1,0 +1,198 @@
+"""`finetune(config, workdir)`: load a pretrained encoder, fine-tune it once per seed, report the task
+metrics per seed and their median and mean +- std.
+
+Setup (checkpoint, tokenizer, data, step count) happens once; every seed then re-initializes the head,
+reshuffles the data (batches are a pure function of (seed, step), as in pretraining) and draws its own
+dropout. Runs on the default device with jit (fine-tuning sets are small; no mesh needed).
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from bertjax import config as config_lib, hf, optim
+from bertjax.data import pipeline
+from bertjax.downstream import data as task_data, metrics as task_metrics
+from bertjax.downstream.model import Classifier, init_params, layer_multipliers, scale_by_tree
+from bertjax.errors import UserError
+from bertjax.metrics import MetricWriter
+
+
+def _check(ok: bool, message: str):
+  if not ok:
+    raise UserError(message)
+
+
+def validate(config):
+  """One-line errors for a fine-tuning config that cannot run."""
+  _check(bool(config.init.checkpoint), "set --config.init.checkpoint to a bertjax workdir or an HF checkpoint dir")
+  _check(bool(config.task.source), "set --config.task.source to tsv:DIR (GLUE layout) or tfds:glue/NAME")
+  unknown = [m for m in config.task.metrics.split(",") if m not in task_metrics.REGISTRY]
+  _check(not unknown, f"unknown metrics {unknown}; use {', '.join(task_metrics.REGISTRY)}")
+  _check(config.seeds >= 1, f"seeds={config.seeds} must be at least 1")
+  _check(config.batch_size > 0 and config.eval_batch_size > 0, "batch sizes must be positive")
+  _check(config.seq_len >= 8, f"seq_len={config.seq_len} is too short for [CLS] A [SEP] B [SEP]; use >= 8")
+  _check(0 < config.optimizer.layerwise_decay <= 1, "optimizer.layerwise_decay must be in (0, 1]")
+  _check(config.model.dtype in config_lib.DTYPES, f"model.dtype={config.model.dtype!r}; use float32 or bfloat16")
+
+
+def load_checkpoint(init) -> hf.Loaded:
+  """A bertjax workdir (it has checkpoints/) or an HF checkpoint directory."""
+  path = init.checkpoint
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    return hf.load(workdir=path)
+  if os.path.isfile(os.path.join(path, "config.json")):
+    return hf.load(hf_dir=path, generator_dir=init.generator_dir)
+  raise UserError(f"{path!r} is neither a bertjax workdir (with checkpoints/) nor an HF checkpoint (with "
+                  "config.json); fix --config.init.checkpoint")
+
+
+def encoder_config(config, loaded: hf.Loaded):
+  """The checkpoint's main encoder with the fine-tuning dropout and dtype."""
+  enc = config_lib.encoder_config(loaded.config.model)
+  m = config.model
+  return dataclasses.replace(
+      enc, dtype=config_lib.DTYPES[m.dtype],
+      dropout=enc.dropout if m.dropout < 0 else m.dropout,
+      attention_dropout=enc.attention_dropout if m.attention_dropout < 0 else m.attention_dropout)
+
+
+def _optimizer_view(config, total: int, warmup: int):
+  """The keys bertjax.optim reads, from the fine-tuning config."""
+  return ml_collections.ConfigDict(dict(learning_rate=config.learning_rate, warmup_steps=warmup, total_steps=total,
+                                        optimizer=config.optimizer.to_dict()))
+
+
+def _loss(params, batch, rng, model, regression: bool):
+  out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"],
+                    rngs={"dropout": rng})
+  w = batch["example_weight"]
+  if regression:
+    per = (out[:, 0] - batch["label"]) ** 2
+  else:
+    per = optax.softmax_cross_entropy_with_integer_labels(out, batch["label"])
+  return (per * w).sum() / jnp.maximum(w.sum(), 1.0)
+
+
+def train_step(params, opt_state, batch, seed, step, *, model, tx, regression: bool):
+  """One AdamW step; dropout randomness is fold_in(seed, step) (seed traced: one compile for all seeds)."""
+  rng = jax.random.fold_in(jax.random.key(seed), step)
+  loss, grads = jax.value_and_grad(_loss)(params, batch, rng, model, regression)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, loss
+
+
+@functools.lru_cache(maxsize=4)
+def _predict_fn(model):
+  return jax.jit(lambda p, b: model.apply({"params": p}, b["input_ids"], b["type_ids"], b["groups"]))
+
+
+def predict(params, arrays, model, batch_size: int) -> np.ndarray:
+  """Model outputs [N, C] over a whole split (padded final batch dropped again)."""
+  apply = _predict_fn(model)
+  outs = []
+  for b in pipeline.eval_batches(arrays, batch_size):
+    out = np.asarray(apply(params, {k: b[k] for k in ("input_ids", "type_ids", "groups")}))
+    outs.append(out[b["example_weight"] > 0])
+  return np.concatenate(outs)
+
+
+def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
+  """Fine-tunes once with `seed`; returns the final eval metrics (and writes them per step)."""
+  task, total, warmup = config.task, setup["total"], setup["warmup"]
+  cfg, num_outputs = setup["cfg"], setup["num_outputs"]
+  regression = num_outputs == 1
+  names = task.metrics.split(",")
+  train_model = Classifier(cfg, num_outputs, config.model.classifier_dropout, deterministic=False)
+  eval_model = train_model.clone(deterministic=True)
+  params, _ = init_params(train_model, jax.random.key(seed), setup["pretrained"], setup["pooler"])
+  tx = optim.make(_optimizer_view(config, total, warmup))
+  if config.optimizer.layerwise_decay < 1:
+    tx = optax.chain(tx, scale_by_tree(layer_multipliers(params, cfg, config.optimizer.layerwise_decay)))
+  opt_state = tx.init(params)
+  step_fn = setup.setdefault("step_fn", jax.jit(functools.partial(train_step, model=train_model, tx=tx,
+                                                                  regression=regression), donate_argnums=(0, 1)))
+  seed_dir = os.path.join(workdir, f"seed_{seed}")
+  os.makedirs(seed_dir, exist_ok=True)
+  writer = MetricWriter(seed_dir)
+  train, evals = setup["train"], setup["eval"]
+  losses, t0, t_log = [], time.time(), time.time()
+  result = {}
+  for step in range(total):
+    batch = pipeline.batch_at(train, step, config.batch_size, seed)
+    params, opt_state, loss = step_fn(params, opt_state, batch, jnp.uint32(seed), jnp.int32(step))
+    losses.append(loss)
+    done = step + 1
+    if done % config.log_every == 0 or done == total:
+      values = {"train/loss": float(np.mean(jax.device_get(losses))), "lr": float(optim.schedule(
+          _optimizer_view(config, total, warmup))(step)), "tokens_per_sec": len(losses) * config.batch_size *
+          config.seq_len / (time.time() - t_log)}
+      writer.write(done, values)
+      writer.progress(done, total, values, time.time() - t0, done)
+      losses, t_log = [], time.time()
+    if (config.eval_every and done % config.eval_every == 0) or done == total:
+      result = task_metrics.compute(names, predict(params, evals, eval_model, config.eval_batch_size), evals["label"])
+      writer.write(done, {f"eval/{k}": v for k, v in result.items()})
+  writer.close()
+  return result
+
+
+def prepare(config) -> dict:
+  """Everything the seeds share: checkpoint, encoder config, encoded splits, step counts."""
+  loaded = load_checkpoint(config.init)
+  if loaded.tokenizer is None:
+    raise UserError(f"{config.init.checkpoint} has no tokenizer; fine-tuning needs the checkpoint's own")
+  cfg = encoder_config(config, loaded)
+  _check(config.seq_len + cfg.position_offset <= cfg.max_positions,
+         f"seq_len={config.seq_len} exceeds the checkpoint's {cfg.max_positions} positions; lower --config.seq_len")
+  task = config.task
+  train_ex = task_data.subsample(task_data.read_split(task, True), task.max_train_examples, config.seed)
+  eval_ex = task_data.subsample(task_data.read_split(task, False), task.max_eval_examples, config.seed)
+  labels = task_data.label_names(task)
+  total = config.total_steps or max(1, int(config.epochs * len(train_ex.a) / config.batch_size))
+  warmup = config.warmup_steps if config.warmup_steps >= 0 else int(config.warmup_fraction * total)
+  params = loaded.params
+  pooler = params.get("sentence", {}).get("pooler", loaded.pooler)
+  return dict(
+      cfg=cfg, num_outputs=len(labels) or 1, pretrained=params, pooler=pooler, total=total, warmup=min(warmup, total),
+      train=task_data.encode(train_ex, loaded.tokenizer, config.seq_len),
+      eval=task_data.encode(eval_ex, loaded.tokenizer, config.seq_len),
+      info=dict(train_examples=len(train_ex.a), eval_examples=len(eval_ex.a), skipped_rows=train_ex.skipped + eval_ex.skipped,
+                tokenizer=loaded.tokenizer.spec(), pooler="pretrained" if pooler is not None else "fresh",
+                model=dict(layers=cfg.num_layers, hidden=cfg.hidden_size, heads=cfg.num_heads)),
+  )
+
+
+def finetune(config, workdir: str) -> dict:
+  """Runs all seeds; writes workdir/results.json and returns it (per-seed metrics and their summary)."""
+  validate(config)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json(indent=2))
+  t0 = time.time()
+  setup = prepare(config)
+  info = setup["info"]
+  print(f"task {config.task.name}: {info['train_examples']} train / {info['eval_examples']} eval examples "
+        f"({info['skipped_rows']} rows skipped); {setup['total']} steps x batch {config.batch_size}; "
+        f"model {info['model']}; pooler {info['pooler']} [{time.time() - t0:.1f}s]", flush=True)
+  per_seed = []
+  for s in range(config.seeds):
+    per_seed.append(run_seed(config, config.seed + s, setup, workdir))
+    print(f"seed {config.seed + s}: " + ", ".join(f"{k} {v:.4f}" for k, v in per_seed[-1].items()), flush=True)
+  summary = task_metrics.summarize(per_seed)
+  for name, s in summary.items():
+    print(f"{config.task.name} {name}: median {s['median']:.4f}, mean {s['mean']:.4f} +- {s['std']:.4f} "
+          f"over {len(per_seed)} seeds", flush=True)
+  results = dict(task=config.task.name, seeds=[config.seed + s for s in range(config.seeds)], per_seed=per_seed,
+                 summary=summary, steps=setup["total"], **info)
+  with open(os.path.join(workdir, "results.json"), "w") as f:
+    json.dump(results, f, indent=2)
+  return results

@@ -1,0 +1,1 @@
+"""Interoperability with HF transformers checkpoints: safetensors I/O, config and weight mapping, tokenizers."""

@@ -1,0 +1,90 @@
+"""bertjax workdirs written by an import (config.json + an orbax checkpoint of the params at step 0 +
+the tokenizer files) and read back by export, encode, fill-mask and fine-tuning."""
+
+import json
+import os
+import shutil
+
+import jax
+import ml_collections
+import numpy as np
+
+from bertjax import checkpoint
+from bertjax.errors import UserError
+from bertjax.interop import tokenizers as hf_tokenizers
+from bertjax.interop.convert import Imported, param_shapes
+
+
+def save(imported: Imported, workdir: str, source: str = "") -> str:
+  """Writes an imported checkpoint as a bertjax workdir that `--config.init_from` and
+  `python -m bertjax.finetune` take. The tokenizer files are copied to workdir/tokenizer."""
+  os.makedirs(workdir, exist_ok=True)
+  if os.path.isdir(os.path.join(workdir, "checkpoints")) and os.listdir(os.path.join(workdir, "checkpoints")):
+    raise UserError(f"{workdir} already holds a checkpoint; import into an empty --workdir")
+  tok, spec = imported.tokenizer, ""
+  if tok is not None:
+    tok_dir = os.path.join(workdir, "tokenizer")
+    os.makedirs(tok_dir, exist_ok=True)
+    src = tok.path if os.path.isdir(tok.path) else os.path.dirname(tok.path)
+    for name in hf_tokenizers.TOKENIZER_FILES:
+      if os.path.isfile(os.path.join(src, name)):
+        shutil.copy(os.path.join(src, name), os.path.join(tok_dir, name))
+    tok = hf_tokenizers.from_dir(tok_dir)
+    spec = tok.spec()
+  config = imported.config
+  config.data.tokenizer = spec
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json(indent=2))
+  params = dict(imported.params)
+  if imported.pooler is not None:
+    params["pooler"] = imported.pooler  # not part of the Pretrainer; fine-tuning starts its pooler from it
+  manifest = dict(config=json.loads(config.to_json()), imported_from=source, family=imported.family,
+                  fresh=imported.fresh, tokenizer=dict(spec=spec, vocab_size=tok.vocab_size if tok else 0))
+  ckpt = checkpoint.Checkpointer(workdir, keep=1, async_save=False)
+  ckpt.save(0, dict(step=np.int32(0), params=params), manifest, force=True)
+  ckpt.close()
+  return spec
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    raise UserError(f"no config.json in {workdir!r}; point at a bertjax workdir (a training run or an import)")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def load(workdir: str, with_tokenizer: bool = True):
+  """(config, params, tokenizer or None) of a bertjax workdir's latest checkpoint; params are numpy and
+  may hold an extra top-level `pooler` (an imported one)."""
+  config = load_config(workdir)
+  shapes = param_shapes(config)
+  params = checkpoint.restore_params(workdir, shapes)
+  params = jax.tree.map(np.asarray, params)
+  extra = _extra_pooler(workdir, config.model.hidden_size)
+  if extra is not None:
+    params["pooler"] = extra
+  tok = None
+  if with_tokenizer:
+    spec = config.data.tokenizer or _manifest_spec(workdir)
+    if not spec:
+      raise UserError(f"{workdir} names no tokenizer; set data.tokenizer in its config.json")
+    tok = hf_tokenizers.load_any(spec)
+  return config, params, tok
+
+
+def _extra_pooler(workdir: str, hidden: int):
+  """The imported pooler saved beside the Pretrainer params, if there is one."""
+  target = {"pooler": {"kernel": jax.ShapeDtypeStruct((hidden, hidden), np.float32),
+                       "bias": jax.ShapeDtypeStruct((hidden,), np.float32)}}
+  try:
+    return jax.tree.map(np.asarray, checkpoint.restore_params(workdir, target))["pooler"]
+  except Exception:  # orbax raises various types for a key the checkpoint lacks: no pooler saved
+    return None
+
+
+def _manifest_spec(workdir: str) -> str:
+  try:
+    return checkpoint.Checkpointer(workdir).manifest()["tokenizer"]["spec"]
+  except Exception:
+    return ""

@@ -1,0 +1,35 @@
+"""`python -m bertjax.prepare --config=configs/bert.py:base --config.data.source=text:GLOB --out=DIR [--workers=N]`.
+
+Turns the corpus named by --config.data.source into pre-tokenized shards for that config (seq_len,
+instance format and tokenizer come from it), streaming, on every core; then train with
+`python -m bertjax.train --config=<same> --config.data.source=shards:DIR`.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from bertjax.errors import cli
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:base", lock_config=True)
+_OUT = flags.DEFINE_string("out", None, "directory to write the shards, metadata.json and tokenizer to")
+_WORKERS = flags.DEFINE_integer("workers", os.cpu_count() or 1,
+                                "processes that tokenize and make instances (0: all in this process)")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "replace a preparation already in --out")
+flags.mark_flags_as_required(["config", "out"])
+
+
+@cli
+def main(argv):
+  del argv
+  from bertjax.data import prepare_lib
+
+  meta = prepare_lib.prepare(_CONFIG.value, _OUT.value, workers=_WORKERS.value, overwrite=_OVERWRITE.value)
+  print(prepare_lib.summary(meta, os.path.abspath(os.path.expanduser(_OUT.value))), flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,93 @@
+"""Fine-tuning a pretrained encoder on a sentence or sentence-pair task (the GLUE task shapes).
+
+Recipe (BERT §4.1 / ELECTRA §3.1 and Appendix A): [CLS] pooled by a tanh dense layer, dropout, a linear
+classifier (1 output and MSE for regression, STS-B); AdamW, lr in {2,3,5}e-5 for base models (ELECTRA:
+1e-4 with layer-wise decay 0.8; large: 5e-5, 0.9), batch 32, 3 epochs (10 for RTE and STS-B with
+ELECTRA), 10% warmup, linear decay; several seeds with the median reported.
+
+  python -m bertjax.finetune --config=configs/finetune.py:sst2 --config.init.checkpoint=WORKDIR_OR_HF_DIR \\
+      --config.task.source=tsv:/data/glue/SST-2 --workdir=/tmp/ft-sst2
+  python -m bertjax.finetune --config=configs/finetune.py:rte --config.task.source=tfds:glue/rte ...
+  python -m bertjax.finetune --config=configs/finetune.py:tiny ...     # CPU smoke size
+
+`arg` is a task name (below); the model comes from the checkpoint (its own config.json), never from here.
+"""
+
+import ml_collections
+
+# task: (text_a, text_b, label) TSV columns, (a, b) tfds features, labels (None: regression), metrics,
+# TSV dev file. TSV columns are header names, or 0-based indexes for GLUE's headerless CoLA.
+TASKS = {
+    "cola": (("3", "", "1"), ("sentence", ""), ("0", "1"), ("mcc", "accuracy"), "dev.tsv"),
+    "sst2": (("sentence", "", "label"), ("sentence", ""), ("0", "1"), ("accuracy",), "dev.tsv"),
+    "mrpc": (("#1 String", "#2 String", "Quality"), ("sentence1", "sentence2"), ("0", "1"), ("accuracy", "f1"), "dev.tsv"),
+    "qqp": (("question1", "question2", "is_duplicate"), ("question1", "question2"), ("0", "1"), ("accuracy", "f1"), "dev.tsv"),
+    "stsb": (("sentence1", "sentence2", "score"), ("sentence1", "sentence2"), None, ("spearman", "pearson"), "dev.tsv"),
+    "mnli": (("sentence1", "sentence2", "gold_label"), ("premise", "hypothesis"),
+             ("contradiction", "entailment", "neutral"), ("accuracy",), "dev_matched.tsv"),
+    "qnli": (("question", "sentence", "label"), ("question", "sentence"), ("entailment", "not_entailment"),
+             ("accuracy",), "dev.tsv"),
+    "rte": (("sentence1", "sentence2", "label"), ("sentence1", "sentence2"), ("entailment", "not_entailment"),
+            ("accuracy",), "dev.tsv"),
+}
+# tfds label ids follow GLUE's own order, which for MNLI differs from the sorted TSV names above.
+TFDS_LABELS = {"mnli": ("entailment", "neutral", "contradiction")}
+
+
+def get_config(arg: str = "sst2"):
+  """`arg`: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte), or `tiny` (sst2's shape, CPU-sized run)."""
+  task = "sst2" if arg == "tiny" else arg
+  if task not in TASKS:
+    raise ValueError(f"unknown task {arg!r}; use one of {', '.join(TASKS)} or tiny")
+  (a, b, label), (tf_a, tf_b), labels, metrics, dev = TASKS[task]
+  c = ml_collections.ConfigDict()
+  # Run.
+  c.seed = 0  # base seed: seed s of `seeds` runs with seed + s (data order, dropout, head init)
+  c.seeds = 3  # how many seeds to run; median and mean +- std are reported, as the papers do
+  c.batch_size = 32
+  c.seq_len = 128  # [CLS] A [SEP] B [SEP], the longer segment truncated first
+  c.epochs = 3.0  # used when total_steps is 0
+  c.total_steps = 0  # 0: epochs over the training set
+  c.warmup_steps = -1  # -1: warmup_fraction of total_steps
+  c.warmup_fraction = 0.1
+  c.learning_rate = 2e-5  # peak
+  c.log_every = 50
+  c.eval_every = 0  # 0: evaluate only at the end
+  c.eval_batch_size = 64
+  # Task.
+  c.task = dict(
+      name=task,
+      source="",  # tsv:DIR (GLUE layout: DIR/train.tsv, DIR/<eval_file>) | tfds:glue/NAME
+      text_a=a, text_b=b, label=label,  # TSV columns (header names, or indexes when header=False)
+      tfds_text_a=tf_a, tfds_text_b=tf_b,  # tfds feature names
+      header=task != "cola",  # whether the TSVs start with a header row
+      eval_file=dev,  # tsv: the file to evaluate on
+      eval_split="validation_matched" if task == "mnli" else "validation",  # tfds
+      labels=",".join(labels) if labels else "",  # label names in id order; empty: regression
+      tfds_labels=",".join(TFDS_LABELS.get(task, labels or ())),
+      metrics=",".join(metrics),  # first one is the headline
+      max_train_examples=0,  # 0: all; else a fixed random subset (seeded by `seed`, the same for every seed)
+      max_eval_examples=0,
+  )
+  # Initialization.
+  c.init = dict(
+      checkpoint="",  # a bertjax workdir (pretraining run or `bertjax.hf import`) or an HF checkpoint dir
+      generator_dir="",  # HF ELECTRA: the generator to import alongside (not needed for fine-tuning)
+  )
+  # Model: the encoder comes from the checkpoint; these override its dropout (-1 keeps it).
+  c.model = dict(
+      dropout=-1.0,
+      attention_dropout=-1.0,
+      classifier_dropout=0.1,  # on the pooled [CLS] vector, before the classifier
+      dtype="float32",  # compute dtype: float32 | bfloat16
+  )
+  # Optimizer (bertjax.optim names).
+  c.optimizer = dict(
+      name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0, schedule="linear",
+      layerwise_decay=1.0,  # ELECTRA: lr x decay^(depth from the top); 1.0 = off, ELECTRA base 0.8, large 0.9
+  )
+
+  if arg == "tiny":  # CPU smoke size: short sequences, few steps, one seed
+    c.seeds, c.batch_size, c.seq_len, c.total_steps, c.learning_rate = 1, 32, 64, 200, 1e-3
+    c.log_every, c.eval_batch_size = 50, 128
+  return c

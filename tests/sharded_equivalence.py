@@ -1,0 +1,92 @@
+"""Run under XLA_FLAGS=--xla_force_host_platform_device_count=8 by tests/test_sharding.py: a few train
+steps per model family on one device and under each sharding preset; prints JSON with the differences."""
+
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import micro  # noqa: E402
+
+from bertjax import loop, sharding  # noqa: E402
+
+STEPS = 3
+
+
+def _batches(config, n):
+  rng = np.random.default_rng(0)
+  b, s = config.batch_size, config.seq_len
+  out = []
+  for _ in range(n):
+    ids = rng.integers(5, config.model.vocab_size, (b, s)).astype(np.int32)
+    ids[:, 0], ids[:, s // 2], ids[:, -1] = 2, 3, 3
+    types = np.zeros((b, s), np.int32)
+    types[:, s // 2 + 1:] = 1
+    out.append(dict(input_ids=ids, type_ids=types, word_start=rng.random((b, s)) < 0.7,
+                    groups=np.ones((b, s), np.int32), sentence_label=rng.integers(0, 2, b).astype(np.int32),
+                    example_weight=np.ones(b, np.float32)))
+  return out
+
+
+def run(config, devices, preset):
+  config = config.copy_and_resolve_references()
+  config.sharding = preset
+  mesh = sharding.make_mesh(preset, devices=devices)
+  steps = loop.make_steps(config, mesh)
+  state = steps.init(jax.random.key(config.seed))
+  losses = []
+  for batch in _batches(config, STEPS):
+    state, metrics = steps.train(state, loop.global_batch(batch, steps.batch_sharding))
+    losses.append(float(metrics["loss"][0]))
+  return losses, jax.tree.map(np.asarray, jax.device_get(state.params))
+
+
+def main():
+  assert jax.device_count() == 8, jax.device_count()
+  results = {}
+  families = {"bert": micro("configs/bert.py:tiny"), "albert": micro("configs/albert.py:tiny"),
+              "electra": micro("configs/electra.py:tiny")}
+  for name, config in families.items():
+    config.model.dropout = config.model.attention_dropout = 0.0
+    config.batch_size = 16
+    ref_losses, ref_params = run(config, jax.devices()[:1], "dp")
+    for preset in ("dp", "fsdp", "fsdp_tp"):
+      losses, params = run(config, jax.devices(), preset)
+      diff = max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(ref_params), jax.tree.leaves(params)))
+      results[f"{name}/{preset}"] = dict(ref_losses=ref_losses, losses=losses, max_param_diff=diff)
+  results["restore"] = restore_elsewhere(families["bert"], sys.argv[1])
+  print("RESULTS " + json.dumps(results))
+
+
+def restore_elsewhere(config, workdir):
+  """Saves a state trained under dp on 8 devices; restores it under fsdp_tp and on one device."""
+  from bertjax import checkpoint
+
+  mesh = sharding.make_mesh("dp", devices=jax.devices())
+  steps = loop.make_steps(config, mesh)
+  state = steps.init(jax.random.key(0))
+  state, _ = steps.train(state, loop.global_batch(_batches(config, 1)[0], steps.batch_sharding))
+  ckpt = checkpoint.Checkpointer(workdir)
+  ckpt.save(1, state, {"note": "test"}, force=True)
+  ckpt.wait()
+  saved = jax.tree.map(np.asarray, jax.device_get(state.params))
+  out = {}
+  for preset, devices in (("fsdp_tp", jax.devices()), ("dp", jax.devices()[:1])):
+    c = config.copy_and_resolve_references()
+    c.sharding = preset
+    target = loop.make_steps(c, sharding.make_mesh(preset, devices=devices))
+    restored = ckpt.restore(target.abstract_state)
+    leaves = jax.tree.leaves(restored.params)
+    out[preset] = dict(
+        max_diff=max(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(leaves, jax.tree.leaves(saved))),
+        devices=sorted({len(x.sharding.device_set) for x in leaves}),
+        matches_target=all(x.sharding == s for x, s in zip(leaves, jax.tree.leaves(target.state_shardings.params))))
+  ckpt.close()
+  return out
+
+
+if __name__ == "__main__":
+  main()

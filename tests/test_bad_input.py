@@ -1,0 +1,72 @@
+"""Bad input gives a one-line error and exit code 2 (or a counted warning), and leaves a workdir intact."""
+
+import os
+
+import pytest
+
+from conftest import read_metrics, train_cli
+
+SHORT = ("--config.total_steps=2", "--config.log_every=2", "--config.eval_every=2", "--config.checkpoint_every=2")
+
+
+def _one_line_error(proc, fragment):
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], proc.stderr[-3000:]
+
+
+def _corpus(path, n_docs=60, extra=b""):
+  """Real English text in google-research/bert's format, from Python's own docs (the demo source)."""
+  from bertjax.data import sources
+
+  lines = []
+  for doc in list(sources.documents("demo", sources.SourceStats()))[:n_docs]:
+    lines += doc + [""]
+  path.write_bytes("\n".join(lines).encode() + extra)
+  return path
+
+
+def test_invalid_utf8_lines_are_skipped_and_counted(tmp_path):
+  corpus = _corpus(tmp_path / "c.txt", extra=b"\nbad \xff\xfe bytes here.\nanother \xc3\x28 one.\n")
+  proc = train_cli(tmp_path / "w", f"--config.data.source=text:{corpus}", "--config.model.vocab_size=500", *SHORT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "2 lines of invalid UTF-8 skipped" in proc.stdout
+
+
+def test_vocabulary_lacking_special_tokens(tmp_path):
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]"] + [f"w{i}" for i in range(50)]) + "\n")
+  proc = train_cli(tmp_path / "w", f"--config.data.tokenizer=wordpiece:{vocab}", *SHORT)
+  _one_line_error(proc, "[MASK]")
+
+
+def test_tokenizer_size_disagreeing_with_the_config(tmp_path):
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(95)]) + "\n")
+  proc = train_cli(tmp_path / "w", f"--config.data.tokenizer=wordpiece:{vocab}", *SHORT)
+  _one_line_error(proc, "--config.model.vocab_size=100")
+
+
+def test_batch_not_divisible_by_the_devices(tmp_path):
+  proc = train_cli(tmp_path / "w", "--config.batch_size=12", *SHORT,
+                   env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+  _one_line_error(proc, "not divisible by the 8 devices")
+
+
+def test_unwritable_workdir(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("not a directory")
+  proc = train_cli(blocker / "w", *SHORT)
+  _one_line_error(proc, "not writable")
+
+
+def test_bad_input_leaves_an_existing_run_intact(tmp_path):
+  corpus = _corpus(tmp_path / "c.txt")
+  flags = (f"--config.data.source=text:{corpus}", "--config.model.vocab_size=500", *SHORT)
+  assert train_cli(tmp_path / "w", *flags).returncode == 0
+  before = {p: os.path.getmtime(os.path.join(r, p)) for r, _, fs in os.walk(tmp_path / "w") for p in fs}
+  records = read_metrics(tmp_path / "w")
+  corpus.unlink()  # the same command, but the corpus is gone
+  _one_line_error(train_cli(tmp_path / "w", *flags), "no files match")
+  after = {p: os.path.getmtime(os.path.join(r, p)) for r, _, fs in os.walk(tmp_path / "w") for p in fs}
+  assert before == after and read_metrics(tmp_path / "w") == records

@@ -1,0 +1,138 @@
+"""Checkpoints that never lose work: exact resume after SIGKILL, SIGTERM, partial saves, NaN guard,
+the manifest, init_from, and refusing another config's workdir."""
+
+import os
+import signal
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from bertjax import checkpoint, loop
+from bertjax.errors import UserError
+from conftest import micro, read_metrics, train_cli
+
+RUN = ("--config.total_steps=40", "--config.checkpoint_every=20", "--config.log_every=10", "--config.eval_every=40")
+
+
+def _params(workdir, step):
+  mgr = ocp.CheckpointManager(os.path.join(str(workdir), "checkpoints"), item_names=("state", "manifest"))
+  state = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+  return jax.tree.map(np.asarray, state["params"])
+
+
+def _wait_for(path, proc, timeout=600):
+  start = time.time()
+  while not os.path.isdir(path):
+    assert proc.poll() is None, proc.stderr.read()[-3000:]
+    assert time.time() - start < timeout, f"{path} never appeared"
+    time.sleep(0.2)
+
+
+def test_sigkill_after_step_20_then_rerun_equals_uninterrupted_run(tmp_path):
+  whole, cut = tmp_path / "whole", tmp_path / "cut"
+  assert train_cli(whole, *RUN).returncode == 0
+  proc = train_cli(cut, *RUN, wait=False)
+  _wait_for(cut / "checkpoints" / "20", proc)  # orbax renames the finished save to its step number
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  rerun = train_cli(cut, *RUN)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert "resumed from" in rerun.stdout and "at step 2" in rerun.stdout  # from 20 (or a later save)
+  loss40 = lambda d: [r["train/loss"] for r in read_metrics(d) if r["step"] == 40 and "train/loss" in r][-1]
+  assert loss40(cut) == loss40(whole)
+  a, b = _params(whole, 40), _params(cut, 40)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)  # bit-identical
+
+
+def test_sigterm_saves_the_current_step_and_exits_0(tmp_path):
+  proc = train_cli(tmp_path, "--config.total_steps=100000", "--config.checkpoint_every=100000",
+                   "--config.log_every=5", "--config.eval_every=100000", wait=False)
+  start = time.time()
+  while not (tmp_path / "metrics.jsonl").exists() or not read_metrics(tmp_path):
+    assert proc.poll() is None and time.time() - start < 600, proc.stderr.read()[-3000:]
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  t = time.time()
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0, err[-3000:]
+  assert time.time() - t < 60
+  assert "preempted: saved step" in out
+  saved = checkpoint.Checkpointer(str(tmp_path)).latest_step()
+  assert saved is not None and saved >= 5
+
+
+def test_a_partial_checkpoint_is_never_picked_up(tmp_path):
+  c = micro(total_steps=4, checkpoint_every=2, log_every=2, eval_every=4)
+  loop.train_and_evaluate(c, str(tmp_path))
+  # A save killed midway leaves orbax's temporary directory (never renamed to its step).
+  partial = tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp-1234567890"
+  partial.mkdir()
+  (partial / "garbage").write_text("half written")
+  assert checkpoint.Checkpointer(str(tmp_path)).latest_step() == 4
+  c.total_steps = 6
+  state = loop.train_and_evaluate(c, str(tmp_path))
+  assert int(state.step) == 6
+
+
+def test_nonfinite_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
+  from bertjax.data import pipeline
+
+  real = pipeline.batch_at
+
+  def poisoned(arrays, step, *args, **kwargs):
+    batch = real(arrays, step, *args, **kwargs)
+    if step >= 3:
+      batch["example_weight"] = np.full_like(batch["example_weight"], np.nan)
+    return batch
+
+  monkeypatch.setattr(pipeline, "batch_at", poisoned)
+  c = micro(total_steps=50, log_every=1, eval_every=1000, checkpoint_every=1000, max_nonfinite_steps=4)
+  with pytest.raises(UserError, match="non-finite"):
+    loop.train_and_evaluate(c, str(tmp_path))
+  records = [r for r in read_metrics(tmp_path) if "train/skipped" in r]
+  assert [r["train/skipped"] for r in records[:3]] == [0, 0, 0] and records[3]["train/skipped"] == 1
+  ckpt = checkpoint.Checkpointer(str(tmp_path))
+  params = _params(tmp_path, ckpt.latest_step())
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+  # Skipped steps left the parameters exactly as after the last good step (3).
+  norms = [r["train/param_norm"] for r in records[2:]]
+  assert len(set(norms)) == 1
+
+
+def test_manifest_names_versions_tokenizer_mesh_and_networks(tmp_path):
+  c = micro("configs/electra.py:tiny", total_steps=2, checkpoint_every=2, log_every=2, eval_every=2)
+  loop.train_and_evaluate(c, str(tmp_path))
+  m = checkpoint.Checkpointer(str(tmp_path)).manifest()
+  for key in ("config", "bertjax", "git_commit", "jax", "flax", "optax", "orbax", "tokenizer", "mesh"):
+    assert key in m, key
+  assert m["tokenizer"]["fingerprint"] and m["config"]["model"]["generator_fraction"] == 0.25
+  assert set(m["networks"]) == {"generator", "discriminator"}
+  assert "generator_encoder" in m["networks"]["generator"] and "rtd" in m["networks"]["discriminator"]
+
+
+def test_workdir_of_another_config_is_refused_unless_overwrite(tmp_path):
+  c = micro(total_steps=2, checkpoint_every=2, log_every=2, eval_every=2)
+  loop.train_and_evaluate(c, str(tmp_path))
+  other = micro(total_steps=2, checkpoint_every=2, log_every=2, eval_every=2, seed=7)
+  with pytest.raises(UserError, match="another config"):
+    loop.train_and_evaluate(other, str(tmp_path))
+  assert checkpoint.Checkpointer(str(tmp_path)).latest_step() == 2  # untouched
+  other.overwrite = True
+  loop.train_and_evaluate(other, str(tmp_path))
+  assert read_metrics(tmp_path)[0]["step"] == 2 and len([r for r in read_metrics(tmp_path) if "train/loss" in r]) == 1
+
+
+def test_init_from_loads_weights_only(tmp_path):
+  c = micro(total_steps=3, checkpoint_every=3, log_every=3, eval_every=3)
+  loop.train_and_evaluate(c, str(tmp_path / "source"))
+  source = _params(tmp_path / "source", 3)
+  c2 = micro(total_steps=1, checkpoint_every=1, log_every=1, eval_every=1, learning_rate=0.0, warmup_steps=0)
+  c2.init_from = str(tmp_path / "source")
+  state = loop.train_and_evaluate(c2, str(tmp_path / "new"))
+  assert int(state.step) == 1  # a new run: counting from 0
+  for x, y in zip(jax.tree.leaves(source), jax.tree.leaves(jax.tree.map(np.asarray, state.params))):
+    np.testing.assert_array_equal(x, y)  # learning rate 0: still the source's weights

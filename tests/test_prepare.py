@@ -1,0 +1,227 @@
+"""Preparation into shards and training from them: formats, streaming chunks, determinism, checks, the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertjax import loop
+from bertjax.data import instances, pipeline, prepare_lib, shards, sources
+from bertjax.data.tokenizer import SpecialIds
+from bertjax.errors import UserError
+from conftest import REPO, micro
+
+SPECIAL = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
+CONFIGS = ("configs/bert.py:tiny", "configs/albert.py:tiny", "configs/electra.py:tiny", "configs/roberta.py:tiny")
+
+
+# ------------------------------------------------------------------ instance formats (no files)
+
+def _docs(n_docs=30, seed=0):
+  """Documents of sentences whose token ids are unique and increasing through the corpus."""
+  rng, docs, next_id = np.random.default_rng(seed), [], 100
+  for _ in range(n_docs):
+    doc = []
+    for _ in range(rng.integers(1, 6)):
+      n = int(rng.integers(3, 25))
+      doc.append((np.arange(next_id, next_id + n, dtype=np.int32), np.ones(n, bool)))
+      next_id += n
+    docs.append(doc)
+  return docs
+
+
+def test_full_sentences_pack_whole_sentences_across_documents_with_a_separator():
+  docs = _docs()
+  arrays, stats = instances.make_instances(docs, "full_sentences", 64, SPECIAL, dupe_factor=5)
+  doc_of = {int(t): d for d, doc in enumerate(docs) for s in doc for t in s[0]}
+  starts = {int(doc[0][0][0]) for doc in docs}
+  stream, crossing = [], 0
+  for ids in arrays["input_ids"]:
+    real = ids[ids != SPECIAL.pad]
+    assert real[0] == SPECIAL.cls and real[-1] == SPECIAL.sep and len(real) <= 64
+    body = real[1:-1]
+    seps = np.flatnonzero(body == SPECIAL.sep)
+    # A separator stands exactly before the first token of a new document, never at the row's edge.
+    assert all(0 < i < len(body) - 1 and int(body[i + 1]) in starts for i in seps)
+    tokens = body[body != SPECIAL.sep]
+    crossing += len({doc_of[int(t)] for t in tokens}) > 1
+    stream.extend(tokens.tolist())
+  assert stream == sorted(doc_of), "the rows do not hold the corpus in order, once (one pass, no dupes)"
+  assert crossing > 0 and stats.instances == len(arrays["input_ids"])
+  assert (arrays["groups"] == (arrays["input_ids"] != SPECIAL.pad)).all()
+
+
+def test_packed_rows_keep_examples_apart_with_groups_and_restarted_positions():
+  docs = _docs(seed=1)
+  arrays, stats = instances.make_instances(docs, "packed", 64, SPECIAL)
+  single, _ = instances.make_instances(docs, "single", 64, SPECIAL)
+  assert len(arrays["input_ids"]) < len(single["input_ids"]) and stats.examples == len(single["input_ids"])
+  seen = []
+  for ids, groups, pos in zip(arrays["input_ids"], arrays["groups"], arrays["position_ids"]):
+    for g in range(1, groups.max() + 1):
+      where = np.flatnonzero(groups == g)
+      assert (np.diff(where) == 1).all() and (pos[where] == np.arange(len(where))).all()
+      example = ids[where]
+      assert example[0] == SPECIAL.cls and example[-1] == SPECIAL.sep
+      seen.append(tuple(example[1:-1]))
+    assert (ids[groups == 0] == SPECIAL.pad).all()
+  single_examples = [tuple(r[(r != SPECIAL.pad)][1:-1]) for r in single["input_ids"]]
+  assert sorted(seen) == sorted(single_examples)
+
+
+# ------------------------------------------------------------------ streaming pieces
+
+def test_chunks_hold_two_documents_and_hold_out_what_split_documents_holds_out():
+  docs = [[f"doc {i} " + "x" * (i % 7 * 40)] for i in range(101)]
+  chunks = list(prepare_lib.chunk_documents(iter(docs), 0.2, chunk_bytes=300))
+  train, held = pipeline.split_documents(docs, 0.2)
+  for split, expected in (("train", train), ("eval", held)):
+    mine = [c for c in chunks if c[0] == split]
+    assert [c[1] for c in mine] == list(range(len(mine)))
+    assert all(len(c[2]) >= 2 for c in mine) and len(mine) > 2
+    assert [d for c in mine for d in c[2]] == expected
+
+
+def test_ordered_map_keeps_order_and_never_reads_far_ahead():
+  consumed = []
+
+  def tasks():
+    for i in range(40):
+      consumed.append(i)
+      yield -i
+
+  out = []
+  for result in prepare_lib.ordered_map(abs, tasks(), workers=2, max_in_flight=3):
+    assert len(consumed) - len(out) <= 3, "the reader ran ahead of the workers"
+    out.append(result)
+  assert out == list(range(40))
+
+
+# ------------------------------------------------------------------ preparation on a multi-file text corpus
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """The demo corpus written as three text files, one paragraph (three sentences) a line."""
+  root = tmp_path_factory.mktemp("corpus")
+  docs = list(sources.documents("demo", sources.SourceStats()))
+  for f in range(3):
+    with open(root / f"part-{f}.txt", "w") as out:
+      for doc in docs[f::3]:
+        out.write("\n".join(" ".join(doc[i:i + 3]) for i in range(0, len(doc), 3)) + "\n\n")
+  return f"text:{root}/part-*.txt", docs
+
+
+def _config(spec, corpus, **overrides):
+  return micro(spec, **{"data.source": corpus[0], "data.split_paragraphs": True, **overrides})
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus, tmp_path_factory):
+  """Shards of the corpus for each config family, prepared in this process."""
+  out = {}
+  for spec in CONFIGS:
+    directory = str(tmp_path_factory.mktemp("shards"))
+    prepare_lib.prepare(_config(spec, corpus), directory, workers=0, progress=None)
+    out[spec] = directory
+  return out
+
+
+def test_shards_hold_the_counted_rows_and_the_held_out_documents(prepared, corpus):
+  directory = prepared["configs/bert.py:tiny"]
+  meta = shards.read_metadata(directory)
+  _, held = pipeline.split_documents(corpus[1], 0.1)
+  assert meta["format"] == "nsp" and meta["seq_len"] == 64
+  assert meta["splits"]["eval"]["documents"] == len(held)
+  assert meta["counts"]["source"]["documents"] == len(corpus[1])
+  split = list(sources.documents(corpus[0], sources.SourceStats(), split_paragraphs=True))
+  assert meta["counts"]["source"]["sentences"] == sum(len(d) for d in split) > len(split) * 2
+  for split in ("train", "eval"):
+    rows = shards.open_split(directory, meta, split)
+    assert len(rows) == meta["splits"][split]["rows"] == meta["counts"][split]["instances"] > 0
+    data = rows.take(np.arange(len(rows)))
+    assert int((data["groups"] > 0).sum()) == meta["counts"][split]["tokens"]
+    assert (data["input_ids"][:, 0] == 2).all()  # [CLS]: ids 0..4 are the specials
+  assert 0.4 < meta["counts"]["train"]["positive"] / meta["counts"]["train"]["instances"] < 0.65
+  assert os.path.exists(os.path.join(directory, "tokenizer.model"))
+
+
+@pytest.mark.parametrize("spec", CONFIGS)
+def test_training_reads_memory_mapped_shards_shaped_like_in_memory_data(prepared, corpus, spec):
+  from_shards = pipeline.build(micro(spec, **{"data.source": f"shards:{prepared[spec]}"}))
+  in_memory = pipeline.build(_config(spec, corpus))
+  assert isinstance(from_shards.train, shards.Rows) and isinstance(from_shards.eval, shards.Rows)
+  assert from_shards.stats["format"] == in_memory.stats["format"]
+  a = pipeline.batch_at(from_shards.train, 3, 8, seed=0)
+  b = pipeline.batch_at(in_memory.train, 3, 8, seed=0)
+  assert {k: (v.dtype, v.shape) for k, v in a.items()} == {k: (v.dtype, v.shape) for k, v in b.items()}
+  halves = [pipeline.batch_at(from_shards.train, 3, 8, 0, process_index=p, process_count=2) for p in (0, 1)]
+  np.testing.assert_array_equal(np.concatenate([h["input_ids"] for h in halves]), a["input_ids"])
+  assert from_shards.tokenizer.fingerprint == shards.read_metadata(prepared[spec])["tokenizer"]["fingerprint"]
+
+
+@pytest.mark.parametrize("override,message", [
+    ({"seq_len": 128}, "seq_len 64"),
+    ({"objectives.nsp": 0.0, "objectives.sop": 1.0}, "hold nsp instances"),
+    ({"model.vocab_size": 2000}, "vocab_size"),
+])
+def test_training_refuses_shards_made_for_another_config(prepared, override, message):
+  config = micro("configs/bert.py:tiny", **{"data.source": f"shards:{prepared['configs/bert.py:tiny']}", **override})
+  with pytest.raises(UserError, match=message):
+    pipeline.build(config)
+
+
+def test_training_refuses_another_tokenizer_and_unfinished_shards(prepared, tmp_path):
+  other = prepared["configs/roberta.py:tiny"]  # BPE: another vocabulary
+  config = micro("configs/bert.py:tiny", **{"data.source": f"shards:{prepared['configs/bert.py:tiny']}",
+                                            "data.tokenizer": f"spm:{other}/tokenizer.model"})
+  with pytest.raises(UserError, match="not the tokenizer the shards"):
+    pipeline.build(config)
+  with pytest.raises(UserError, match="not a finished preparation"):
+    pipeline.build(micro("configs/bert.py:tiny", **{"data.source": f"shards:{tmp_path}"}))
+
+
+def test_shards_do_not_depend_on_the_number_of_workers(corpus, tmp_path, monkeypatch):
+  monkeypatch.setattr(prepare_lib, "CHUNK_BYTES", 40_000)  # several chunks per split
+  config = _config("configs/albert.py:tiny", corpus, **{"data.tokenizer": ""})
+  metas = [prepare_lib.prepare(config, str(tmp_path / str(w)), workers=w, progress=None) for w in (0, 2)]
+  assert metas[0]["counts"] == metas[1]["counts"]
+  for split in ("train", "eval"):
+    files = [tmp_path / str(w) / s["file"] for w in (0, 2) for s in metas[0]["splits"][split]["shards"]]
+    assert files[0].read_bytes() == files[1].read_bytes()
+
+
+def test_roberta_trains_from_packed_shards(corpus, tmp_path):
+  config = _config("configs/roberta.py:tiny", corpus, **{"data.format": "packed"})
+  prepare_lib.prepare(config, str(tmp_path / "shards"), workers=0, progress=None)
+  config = micro("configs/roberta.py:tiny", **{
+      "data.source": f"shards:{tmp_path / 'shards'}", "data.format": "packed", "total_steps": 4,
+      "warmup_steps": 1, "log_every": 2, "eval_every": 4, "checkpoint_every": 4})
+  loop.train_and_evaluate(config, str(tmp_path / "run"))
+  records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+  assert np.isfinite(records[-1]["eval/mlm_loss"]) and records[-1]["step"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", CONFIGS)
+def test_each_family_trains_from_prepared_shards(prepared, spec, tmp_path):
+  config = micro(spec, **{"data.source": f"shards:{prepared[spec]}", "total_steps": 20, "warmup_steps": 2,
+                          "log_every": 10, "eval_every": 20, "checkpoint_every": 20})
+  loop.train_and_evaluate(config, str(tmp_path / "run"))
+  records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+  train = [r for r in records if "train/loss" in r]
+  assert train[-1]["train/loss"] < train[0]["train/loss"]
+
+
+def test_cli_prints_the_summary_and_refuses_to_overwrite(corpus, tmp_path):
+  cmd = [sys.executable, "-m", "bertjax.prepare", "--config=configs/electra.py:tiny", "--workers=0",
+         f"--config.data.source={corpus[0]}", "--config.data.split_paragraphs=True", "--config.seq_len=64",
+         f"--out={tmp_path}"]
+  done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr
+  assert "single rows of seq_len 64" in done.stdout and "tokens/s" in done.stdout
+  assert "documents too short for a pair" in done.stdout
+  again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert again.returncode == 2 and again.stderr.startswith("error: ") and "--overwrite" in again.stderr

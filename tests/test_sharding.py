@@ -1,0 +1,60 @@
+"""Sharding: mesh shapes, and the same training on 8 simulated CPU devices under every preset as on one."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertjax import sharding
+from bertjax.errors import UserError
+from conftest import REPO, read_metrics, train_cli
+
+EIGHT = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+
+
+def test_mesh_shapes_of_the_presets():
+  assert sharding.mesh_shape("dp", 8) == {"data": 8, "fsdp": 1, "tensor": 1}
+  assert sharding.mesh_shape("fsdp", 8) == {"data": 1, "fsdp": 8, "tensor": 1}
+  assert sharding.mesh_shape("fsdp_tp", 8) == {"data": 1, "fsdp": 4, "tensor": 2}
+  assert sharding.mesh_shape("fsdp", 8, {"data": 2}) == {"data": 2, "fsdp": 4, "tensor": 1}
+  with pytest.raises(UserError, match="does not divide"):
+    sharding.mesh_shape("fsdp_tp", 3)
+  with pytest.raises(UserError, match="unknown sharding preset"):
+    sharding.rules_for("zero")
+
+
+def test_presets_match_one_device_and_checkpoints_move_between_meshes(tmp_path):
+  proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "sharded_equivalence.py"), str(tmp_path)], cwd=REPO,
+                        env=dict(os.environ, **EIGHT),
+                        capture_output=True, text=True, timeout=900)
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")]
+  assert proc.returncode == 0 and line, proc.stderr[-3000:]
+  results = json.loads(line[0][len("RESULTS "):])
+  restore = results.pop("restore")
+  assert restore["fsdp_tp"]["max_diff"] == 0 and restore["dp"]["max_diff"] == 0
+  assert restore["fsdp_tp"]["matches_target"] and restore["dp"]["matches_target"]
+  assert restore["dp"]["devices"] == [1] and 8 in restore["fsdp_tp"]["devices"]
+  assert len(results) == 9  # 3 families x 3 presets
+  for name, r in results.items():
+    np.testing.assert_allclose(r["losses"], r["ref_losses"], rtol=2e-5, err_msg=name)
+    assert r["ref_losses"][-1] != r["ref_losses"][0], name  # training moved
+    assert r["max_param_diff"] < 1e-5, (name, r["max_param_diff"])
+
+
+def _train(workdir, *flags, env=None):
+  proc = train_cli(workdir, "--config.total_steps=6", "--config.log_every=2", "--config.eval_every=6",
+                   "--config.checkpoint_every=6", "--config.model.dropout=0", "--config.model.attention_dropout=0",
+                   *flags, env=env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return read_metrics(workdir)
+
+
+def test_train_cli_fsdp_on_8_devices_matches_one_device(tmp_path):
+  one = _train(tmp_path / "one")
+  eight = _train(tmp_path / "eight", "--config.sharding=fsdp", env=EIGHT)
+  loss = lambda recs: [(r["step"], r["train/loss"]) for r in recs if "train/loss" in r]
+  assert [s for s, _ in loss(one)] == [2, 4, 6]
+  np.testing.assert_allclose([l for _, l in loss(eight)], [l for _, l in loss(one)], rtol=1e-5)

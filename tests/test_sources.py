@@ -1,0 +1,110 @@
+"""Sources: documents from text globs across files, paragraph splitting, tfds (faked, and tfds's own mock)."""
+
+import sys
+import types
+
+import pytest
+
+from bertjax.data import sources
+from bertjax.errors import UserError
+
+
+def _write(path, text, mode="w"):
+  with open(path, mode) as f:
+    f.write(text)
+  return path
+
+
+def test_text_glob_reads_blank_line_documents_across_files_in_sorted_order(tmp_path):
+  _write(tmp_path / "b.txt", "Third doc.\n\n\n")
+  _write(tmp_path / "a.txt", "First one.\nStill first.\n\nSecond doc.\n")  # the file end ends a document
+  _write(tmp_path / "c.txt", b"Fourth \xff bad line\nFourth doc.\n", "wb")
+  stats = sources.SourceStats()
+  docs = list(sources.documents(f"text:{tmp_path}/*.txt", stats))
+  assert docs == [["First one.", "Still first."], ["Second doc."], ["Third doc."], ["Fourth doc."]]
+  assert (stats.documents, stats.sentences, stats.invalid_lines) == (4, 5, 1)
+  reader = sources.open_source(f"text:{tmp_path}/*.txt")
+  assert reader.unit == "bytes" and reader.total == sum(p.stat().st_size for p in tmp_path.iterdir())
+  stats = sources.SourceStats()
+  list(reader.read(stats))
+  assert stats.progress == reader.total
+
+
+def test_split_paragraphs_ends_segments_at_sentence_boundaries(tmp_path):
+  _write(tmp_path / "wiki.txt", "Dr. Smith arrived. He sat down! Was it late?\nA second paragraph here.\n")
+  spec = f"text:{tmp_path}/wiki.txt"
+  assert list(sources.documents(spec, sources.SourceStats())) == [
+      ["Dr. Smith arrived. He sat down! Was it late?", "A second paragraph here."]]
+  stats = sources.SourceStats()
+  assert list(sources.documents(spec, stats, split_paragraphs=True)) == [
+      ["Dr. Smith arrived.", "He sat down!", "Was it late?", "A second paragraph here."]]
+  assert stats.sentences == 4
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("text:/nonexistent/*.txt", "no files match"),
+    ("wikipedia", "unknown data source"),
+    ("text:", "unknown data source"),
+])
+def test_bad_sources_raise_user_errors(spec, message):
+  with pytest.raises(UserError, match=message):
+    list(sources.documents(spec, sources.SourceStats()))
+
+
+ARTICLES = [
+    "Alpha is a letter. It comes first.\n\nIt is used in science.",
+    "Beta follows alpha. It is the second letter.",
+    "Gamma rays are energetic.\nThey come from space.",
+]
+
+
+def _fake_tfds(calls):
+  """A stand-in for tensorflow_datasets with the three calls the source makes."""
+  module = types.ModuleType("tensorflow_datasets")
+
+  def load(name, split, shuffle_files, data_dir):
+    calls.append(dict(name=name, split=split, shuffle_files=shuffle_files, data_dir=data_dir))
+    return [{"title": b"t", "text": a.encode()} for a in ARTICLES]
+
+  split_info = types.SimpleNamespace(num_examples=len(ARTICLES))
+  module.load = load
+  module.as_numpy = lambda ds: iter(ds)
+  info = types.SimpleNamespace(splits={"train": split_info})
+  module.builder = lambda name, data_dir: types.SimpleNamespace(info=info)
+  return module
+
+
+def test_tfds_source_gives_one_document_per_example_split_into_sentences(monkeypatch):
+  calls = []
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", _fake_tfds(calls))
+  reader = sources.open_source("tfds:wikipedia/20230601.en", tfds_data_dir="/data")
+  assert reader.paragraphs and reader.total == 3 and reader.unit == "examples"
+  stats = sources.SourceStats()
+  docs = list(sources.documents("tfds:wikipedia/20230601.en:validation", stats))
+  assert calls[-1] == dict(name="wikipedia/20230601.en", split="validation", shuffle_files=False, data_dir=None)
+  assert docs[0] == ["Alpha is a letter.", "It comes first.", "It is used in science."]
+  assert docs[2] == ["Gamma rays are energetic.", "They come from space."]
+  assert (stats.documents, stats.sentences, stats.progress) == (3, 7, 3)
+  with pytest.raises(UserError, match="no feature 'body'"):
+    list(sources.documents("tfds:wikipedia/20230601.en", sources.SourceStats(), tfds_text_key="body"))
+
+
+def test_tfds_source_without_tensorflow_datasets_says_how_to_install(monkeypatch):
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # makes the import fail
+  with pytest.raises(UserError, match=r"bertjax\[tfds\]"):
+    list(sources.documents("tfds:wikipedia/20230601.en", sources.SourceStats()))
+
+
+def test_tfds_mock_data_through_the_real_library():
+  tfds = pytest.importorskip("tensorflow_datasets")
+  import tensorflow as tf
+
+  def as_dataset(self, *args, **kwargs):
+    return tf.data.Dataset.from_generator(
+        lambda: ({"text": a, "title": "t"} for a in ARTICLES), output_types=self.info.features.dtype,
+        output_shapes=self.info.features.shape)
+
+  with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+    stats = sources.SourceStats()
+    docs = list(sources.documents("tfds:wikipedia/20230601.en", stats))
+  assert stats.documents == 3 and docs[1] == ["Beta follows alpha.", "It is the second letter."]
