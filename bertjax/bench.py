@@ -179,11 +179,14 @@ def measure(config, batch_size: int = 0, steps: int = 10, warmup: int = 2, peak:
   )
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:base", lock_config=True)
-_BATCH = flags.DEFINE_integer("batch_size", 0, "global batch size (0: the config's)")
-_STEPS = flags.DEFINE_integer("steps", 10, "timed steps (the median is reported)")
-_WARMUP = flags.DEFINE_integer("warmup", 2, "untimed steps after compilation")
-flags.mark_flags_as_required(["config"])
+def _define_flags():
+  """The CLI's flags, defined only when run as a program (so `import bertjax.bench` defines none)."""
+  config = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:base", lock_config=True)
+  batch = flags.DEFINE_integer("batch_size", 0, "global batch size (0: the config's)")
+  steps = flags.DEFINE_integer("steps", 10, "timed steps (the median is reported)")
+  warmup = flags.DEFINE_integer("warmup", 2, "untimed steps after compilation")
+  flags.mark_flags_as_required(["config"])
+  return config, batch, steps, warmup
 
 
 @cli
@@ -192,8 +195,10 @@ def main(argv):
   from bertjax import distributed
 
   distributed.setup()
-  print(json.dumps(measure(_CONFIG.value, _BATCH.value, _STEPS.value, _WARMUP.value)), flush=True)
+  config, batch, steps, warmup = _FLAGS
+  print(json.dumps(measure(config.value, batch.value, steps.value, warmup.value)), flush=True)
 
 
 if __name__ == "__main__":
+  _FLAGS = _define_flags()
   app.run(main)

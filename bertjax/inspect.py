@@ -12,8 +12,7 @@ import numpy as np
 from bertjax import checkpoint, config as config_lib, sharding
 from bertjax.data.tokenizer import Tokenizer, load_tokenizer
 from bertjax.errors import UserError
-from bertjax.model.encoder import Embeddings, Layer, attention_bias, dense, layer_norm, shared_blocks
-from bertjax import sharding as sh
+from bertjax.model.encoder import Embeddings, Layer, attention_bias, dense, shared_blocks
 
 
 @dataclasses.dataclass
@@ -39,9 +38,11 @@ def load_run(workdir: str) -> Run:
     raise UserError(f"{workdir!r} holds no checkpoint yet; train longer or lower --config.checkpoint_every")
   manifest = ckpt.manifest(step)
   ckpt.close()
-  from bertjax import summary
+  from bertjax import loop
 
-  _, shapes = summary.param_shapes(config)
+  model = loop.make_model(config)
+  shapes = sharding.strip_boxes(jax.eval_shape(
+      lambda r: model.init({"params": r, "sample": r, "dropout": r}, loop.dummy_batch(config)), jax.random.key(0)))["params"]
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), shapes)
   params = checkpoint.restore_params(workdir, abstract)
@@ -103,7 +104,7 @@ def attention_probs(params: dict, config, input_ids, type_ids=None, layer: int =
   enc = params["encoder"]
   x = Embeddings(cfg).apply({"params": params["embeddings"]}, ids, types, True)
   if "embedding_projection" in enc:
-    proj = dense(cfg, cfg.embedding_size, cfg.hidden_size, (None, sh.EMBED), "embedding_projection")
+    proj = dense(cfg, cfg.embedding_size, cfg.hidden_size, (None, sharding.EMBED), "embedding_projection")
     x = proj.apply({"params": enc["embedding_projection"]}, x)
   bias = attention_bias(jnp.ones_like(ids))
   shared = {name: enc[name] for name in shared_blocks(cfg.sharing)}

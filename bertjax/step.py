@@ -94,7 +94,7 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
 
     (grads, metrics), _ = jax.lax.scan(body, zeros, (jnp.arange(k), mbs))
     metrics["loss"] = (metrics["loss"][0], 1.0)  # the microbatch losses add up to the batch loss
-  grad_norm = optax.global_norm(grads)
+  grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(metrics["loss"][0]) & jnp.isfinite(grad_norm)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
@@ -104,8 +104,8 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
   params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
   metrics.update(
       grad_norm=(grad_norm, 1.0),
-      param_norm=(optax.global_norm(params), 1.0),
-      update_norm=(optax.global_norm(updates), 1.0),
+      param_norm=(optax.tree.norm(params), 1.0),
+      update_norm=(optax.tree.norm(updates), 1.0),
       skipped=(1.0 - finite.astype(jnp.float32), 1.0),
   )
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics

@@ -33,6 +33,8 @@ def micro(spec: str = "configs/bert.py:tiny", **overrides):
     for p in parents:
       node = node[p]
     node[leaf] = value
+  if "warmup_steps" not in overrides:
+    c.warmup_steps = min(c.warmup_steps, c.total_steps)
   return c
 
 

@@ -11,7 +11,7 @@ import pytest
 from absl import flags
 
 from bertjax import config as config_lib, hf
-from bertjax.interop import convert, safetensors_io, workdir as wd
+from bertjax.interop import convert, safetensors_io
 from conftest import micro
 
 torch = pytest.importorskip("torch")
@@ -76,7 +76,7 @@ def _random_params(config, seed=0):
   return jax.tree_util.tree_map_with_path(draw, convert.param_shapes(config))
 
 
-FAMILIES = {  # family: (config, HF classes checked and the bertjax outputs they must match)
+FAMILIES = {  # family: (bertjax config, overrides)
     "bert": ("configs/bert.py:tiny", ()),
     "roberta": ("configs/roberta.py:tiny", ()),
     "albert": ("configs/albert.py:tiny", {"model.num_layers": 4, "model.num_hidden_groups": 2}),
@@ -110,7 +110,7 @@ def test_export_loads_in_transformers_with_same_logits(family, tmp_path):
                                     "roberta": "RobertaForMaskedLM"}[family]
     with torch.no_grad():
       result = model(t_ids, token_type_ids=t_types)
-    pairs = [(getattr(result, "prediction_logits", None) if family != "roberta" else result.logits, ours["mlm"])]
+    pairs = [(result.logits if family == "roberta" else result.prediction_logits, ours["mlm"])]
     if family != "roberta":
       pairs.append((result.seq_relationship_logits if family == "bert" else result.sop_logits, ours["sentence"]))
   for theirs, mine in pairs:
@@ -124,6 +124,13 @@ def test_export_loads_in_transformers_with_same_logits(family, tmp_path):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), again, ours)
   if family != "roberta":  # RoBERTa's position table moves to HF's padding_idx numbering (same model)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), back.params, params)
+  if family == "electra":  # each network alone: the discriminator gets a fresh generator, the generator
+    disc = convert.read_hf(dirs[0])  # becomes a plain MLM model
+    assert any(p.startswith("generator_encoder/") for p in disc.fresh)
+    np.testing.assert_allclose(hf.logits(disc.config, disc.params, ids, types)["rtd"], ours["rtd"], atol=1e-5)
+    gen = convert.read_hf(dirs[1])
+    assert not gen.fresh and config_lib.active_objectives(gen.config) == {"mlm": 1.0}
+    np.testing.assert_allclose(hf.logits(gen.config, gen.params, ids, types)["mlm"], ours["mlm"], atol=1e-5)
 
 
 def _word_vocab(path):

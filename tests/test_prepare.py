@@ -165,10 +165,13 @@ def test_training_reads_memory_mapped_shards_shaped_like_in_memory_data(prepared
 @pytest.mark.parametrize("override,message", [
     ({"seq_len": 128}, "seq_len 64"),
     ({"objectives.nsp": 0.0, "objectives.sop": 1.0}, "hold nsp instances"),
-    ({"model.vocab_size": 2000}, "vocab_size"),
+    ({"model.vocab_size": None}, "vocab_size"),  # None: one more than the shards' tokenizer has
 ])
 def test_training_refuses_shards_made_for_another_config(prepared, override, message):
-  config = micro("configs/bert.py:tiny", **{"data.source": f"shards:{prepared['configs/bert.py:tiny']}", **override})
+  directory = prepared["configs/bert.py:tiny"]
+  if override.get("model.vocab_size", 0) is None:
+    override = {"model.vocab_size": shards.read_metadata(directory)["tokenizer"]["vocab_size"] + 1}
+  config = micro("configs/bert.py:tiny", **{"data.source": f"shards:{directory}", **override})
   with pytest.raises(UserError, match=message):
     pipeline.build(config)
 
@@ -213,6 +216,54 @@ def test_each_family_trains_from_prepared_shards(prepared, spec, tmp_path):
   records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
   train = [r for r in records if "train/loss" in r]
   assert train[-1]["train/loss"] < train[0]["train/loss"]
+
+
+SMALL_VOCAB = {"model.vocab_size": 1000}  # 60 documents support fewer pieces than the tiny configs use
+
+
+def _articles(n=60):
+  """Demo documents as tfds wikipedia examples: an article's paragraphs separated by newlines."""
+  docs = list(sources.documents("demo", sources.SourceStats()))[:n]
+  return ["\n".join(" ".join(d[i:i + 3]) for i in range(0, len(d), 3)) for d in docs]
+
+
+def _check_tfds_shards(directory, n):
+  meta = shards.read_metadata(directory)
+  assert meta["source"] == "tfds:wikipedia/20230601.en" and meta["counts"]["source"]["documents"] == n
+  assert meta["settings"]["split_paragraphs"] and meta["splits"]["eval"]["rows"] > 0
+  data = pipeline.build(micro("configs/electra.py:tiny", **{"data.source": f"shards:{directory}", **SMALL_VOCAB}))
+  assert len(data.train) == meta["splits"]["train"]["rows"] > 0
+
+
+def test_prepare_reads_a_tfds_dataset(tmp_path, monkeypatch):
+  import types
+
+  articles = _articles()
+  fake = types.ModuleType("tensorflow_datasets")
+  fake.load = lambda name, split, shuffle_files, data_dir: [{"text": a.encode()} for a in articles]
+  fake.as_numpy = iter
+  fake.builder = lambda name, data_dir: None  # no metadata: progress without a total
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+  config = micro("configs/electra.py:tiny", **{"data.source": "tfds:wikipedia/20230601.en", **SMALL_VOCAB})
+  prepare_lib.prepare(config, str(tmp_path), workers=0, progress=None)
+  _check_tfds_shards(str(tmp_path), len(articles))
+
+
+def test_prepare_reads_tfds_mock_data_through_the_real_library(tmp_path):
+  tfds = pytest.importorskip("tensorflow_datasets")
+  import tensorflow as tf
+
+  articles = _articles()
+
+  def as_dataset(self, *args, **kwargs):
+    return tf.data.Dataset.from_generator(lambda: ({"text": a, "title": "t"} for a in articles),
+                                          output_types=self.info.features.dtype,
+                                          output_shapes=self.info.features.shape)
+
+  config = micro("configs/electra.py:tiny", **{"data.source": "tfds:wikipedia/20230601.en", **SMALL_VOCAB})
+  with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+    prepare_lib.prepare(config, str(tmp_path), workers=0, progress=None)
+  _check_tfds_shards(str(tmp_path), len(articles))
 
 
 def test_cli_prints_the_summary_and_refuses_to_overwrite(corpus, tmp_path):

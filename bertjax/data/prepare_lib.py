@@ -286,6 +286,9 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
   reader = sources.open_source(d.source, split_paragraphs=d.split_paragraphs, tfds_text_key=d.tfds_text_key,
                                tfds_data_dir=d.tfds_data_dir)
   t0 = time.time()
+  if progress and not d.tokenizer:
+    print(f"prepare: training a SentencePiece {d.tokenizer_model} tokenizer of {config.model.vocab_size} pieces on "
+          f"up to {d.tokenizer_sentences:,} sampled lines (one pass over the corpus)", file=progress, flush=True)
   spec = prepare_tokenizer(config, reader, directory)
   tok = load_tokenizer(absolute_spec(spec, directory))
   types = shards.storage_types(_fields(fmt), tok.vocab_size)

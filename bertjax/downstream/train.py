@@ -18,11 +18,12 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import config as config_lib, hf, optim
+from bertjax import config as config_lib, optim
 from bertjax.data import pipeline
 from bertjax.downstream import data as task_data, metrics as task_metrics
 from bertjax.downstream.model import Classifier, init_params, layer_multipliers, scale_by_tree
 from bertjax.errors import UserError
+from bertjax.interop import inference
 from bertjax.metrics import MetricWriter
 
 
@@ -44,18 +45,18 @@ def validate(config):
   _check(config.model.dtype in config_lib.DTYPES, f"model.dtype={config.model.dtype!r}; use float32 or bfloat16")
 
 
-def load_checkpoint(init) -> hf.Loaded:
+def load_checkpoint(init) -> inference.Loaded:
   """A bertjax workdir (it has checkpoints/) or an HF checkpoint directory."""
   path = init.checkpoint
   if os.path.isdir(os.path.join(path, "checkpoints")):
-    return hf.load(workdir=path)
+    return inference.load(workdir=path)
   if os.path.isfile(os.path.join(path, "config.json")):
-    return hf.load(hf_dir=path, generator_dir=init.generator_dir)
+    return inference.load(hf_dir=path, generator_dir=init.generator_dir)
   raise UserError(f"{path!r} is neither a bertjax workdir (with checkpoints/) nor an HF checkpoint (with "
                   "config.json); fix --config.init.checkpoint")
 
 
-def encoder_config(config, loaded: hf.Loaded):
+def encoder_config(config, loaded: inference.Loaded):
   """The checkpoint's main encoder with the fine-tuning dropout and dtype."""
   enc = config_lib.encoder_config(loaded.config.model)
   m = config.model

@@ -19,8 +19,8 @@ import numpy as np
 from bertjax import config as config_lib
 from bertjax.data.tokenizer import SentencePieceTokenizer, SpecialIds, Tokenizer, WordPieceTokenizer
 from bertjax.errors import UserError
-from bertjax.sharding import strip_boxes
 from bertjax.interop import configs, safetensors_io, tokenizers as hf_tokenizers, weights as W
+from bertjax.sharding import strip_boxes
 
 # HF tensors that are copies of others (tied decoders) or buffers: never "unused".
 _TIED = ("decoder.weight", "decoder.bias", "generator_lm_head.weight", "position_ids", "token_type_ids")
@@ -50,6 +50,12 @@ def _prefix(family: str, tensors: dict) -> str:
   """"bert." etc. when the weights come from a model with heads, "" for a bare BertModel."""
   p = W.PREFIX[family]
   return p if any(k.startswith(p) for k in tensors) else ""
+
+
+def _modern_names(tensors: dict) -> dict:
+  """Old TF-converted checkpoints name LayerNorm parameters gamma/beta; transformers renames them on load."""
+  rename = lambda k: k[:-6] + ".weight" if k.endswith(".gamma") else k[:-5] + ".bias" if k.endswith(".beta") else k
+  return {rename(k): v for k, v in tensors.items()}
 
 
 def _heads(family: str, tensors: dict) -> set:
@@ -133,14 +139,14 @@ def read_hf(hf_dir: str, generator_dir: str = "", seed: int = 0) -> Imported:
   """
   hf = _read_json(os.path.join(hf_dir, "config.json"), "config.json")
   family = configs.family_of(hf)
-  tensors = safetensors_io.read_dir(hf_dir)
+  tensors = _modern_names(safetensors_io.read_dir(hf_dir))
   prefix, heads = _prefix(family, tensors), _heads(family, tensors)
   gen_hf = gen_tensors = None
   if generator_dir:
     if family != "electra" or "rtd" not in heads:
       raise UserError("--generator_dir goes with an ELECTRA discriminator in --hf_dir")
     gen_hf = _read_json(os.path.join(generator_dir, "config.json"), "generator config.json")
-    gen_tensors = safetensors_io.read_dir(generator_dir)
+    gen_tensors = _modern_names(safetensors_io.read_dir(generator_dir))
   config = configs.from_hf(hf, family, heads, gen_hf)
   config.seed = seed
   shapes = param_shapes(config)

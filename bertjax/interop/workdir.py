@@ -9,7 +9,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import checkpoint
+from bertjax import checkpoint, config as config_lib
 from bertjax.errors import UserError
 from bertjax.interop import tokenizers as hf_tokenizers
 from bertjax.interop.convert import Imported, param_shapes
@@ -51,12 +51,24 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   if not os.path.isfile(path):
     raise UserError(f"no config.json in {workdir!r}; point at a bertjax workdir (a training run or an import)")
   with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+    saved = json.load(f)
+  # Over today's defaults, so that a run saved before a key existed still loads (with the default).
+  return _merge(config_lib.defaults(), saved)
+
+
+def _merge(base: ml_collections.ConfigDict, saved: dict) -> ml_collections.ConfigDict:
+  for key, value in saved.items():
+    if isinstance(value, dict) and isinstance(base.get(key), ml_collections.ConfigDict):
+      _merge(base[key], value)
+    else:
+      base[key] = value
+  return base
 
 
 def load(workdir: str, with_tokenizer: bool = True):
-  """(config, params, tokenizer or None) of a bertjax workdir's latest checkpoint; params are numpy and
-  may hold an extra top-level `pooler` (an imported one)."""
+  """(config, params, tokenizer or None, fresh) of a bertjax workdir's latest checkpoint; params are numpy
+  and may hold an extra top-level `pooler` (an imported one); `fresh` lists the parameters an import
+  initialized because its checkpoint lacked them."""
   config = load_config(workdir)
   shapes = param_shapes(config)
   params = checkpoint.restore_params(workdir, shapes)
@@ -64,13 +76,12 @@ def load(workdir: str, with_tokenizer: bool = True):
   extra = _extra_pooler(workdir, config.model.hidden_size)
   if extra is not None:
     params["pooler"] = extra
+  manifest = _manifest(workdir)
   tok = None
-  if with_tokenizer:
-    spec = config.data.tokenizer or _manifest_spec(workdir)
-    if not spec:
-      raise UserError(f"{workdir} names no tokenizer; set data.tokenizer in its config.json")
+  spec = config.data.tokenizer or manifest.get("tokenizer", {}).get("spec", "")
+  if with_tokenizer and spec:  # without one, export still works; encode and fill-mask say what is missing
     tok = hf_tokenizers.load_any(spec)
-  return config, params, tok
+  return config, params, tok, tuple(manifest.get("fresh", ()))
 
 
 def _extra_pooler(workdir: str, hidden: int):
@@ -83,8 +94,12 @@ def _extra_pooler(workdir: str, hidden: int):
     return None
 
 
-def _manifest_spec(workdir: str) -> str:
+def _manifest(workdir: str) -> dict:
+  """The latest checkpoint's manifest ({} when it has none)."""
+  ckpt = checkpoint.Checkpointer(workdir, async_save=False)
   try:
-    return checkpoint.Checkpointer(workdir).manifest()["tokenizer"]["spec"]
-  except Exception:
-    return ""
+    return ckpt.manifest()
+  except Exception:  # orbax raises various types for a missing item
+    return {}
+  finally:
+    ckpt.close()

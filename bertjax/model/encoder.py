@@ -8,10 +8,13 @@ layer, so all sharing modes are the same scanned layer with a different set of b
 """
 
 import dataclasses
+import functools
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from bertjax import sharding as sh
@@ -53,9 +56,35 @@ class EncoderConfig:
     return self.hidden_size // self.num_heads
 
 
+_SQRT_HALF, _INV_SQRT_2PI = 0.5**0.5, (2 * 3.141592653589793) ** -0.5
+
+
+@jax.custom_vjp
+def gelu(x):
+  """Exact (erf) GELU, x * Phi(x). Its gradient is written out so that the backward pass keeps only x:
+  autodiff of erf would keep erf(x) and exp(-x^2/2) too, [tokens, FFN] arrays that a scan over layers
+  stacks per layer; recomputing them is cheaper than storing them (~10% of a CPU step, BERT-tiny)."""
+  return x * (jax.lax.erf(x * _SQRT_HALF) + 1) * 0.5
+
+
+def _gelu_fwd(x):
+  return gelu(x), x
+
+
+def _gelu_bwd(x, g):
+  cdf = (jax.lax.erf(x * _SQRT_HALF) + 1) * 0.5
+  pdf = jnp.exp(-0.5 * x * x) * _INV_SQRT_2PI
+  return (g * (cdf + x * pdf),)
+
+
+gelu.defvjp(_gelu_fwd, _gelu_bwd)
+
+
 def activation(cfg: EncoderConfig, x):
   """The FFN / head activation: exact GELU unless a checkpoint asks for the tanh approximation."""
-  return nn.gelu(x, approximate=cfg.activation == "gelu_new")
+  if cfg.activation == "gelu_new":
+    return nn.gelu(x, approximate=True)
+  return gelu(x)
 
 
 def _init(cfg: EncoderConfig, names):
@@ -71,11 +100,114 @@ def _ones(names):
   return nn.with_logical_partitioning(nn.initializers.ones_init(), names)
 
 
-def layer_norm(cfg: EncoderConfig, name: str, names=(sh.EMBED,)) -> nn.LayerNorm:
-  """LayerNorm computed in float32 whatever the compute dtype (bf16 LayerNorm destabilises training)."""
-  return nn.LayerNorm(
-      epsilon=cfg.layer_norm_eps, dtype=jnp.float32, param_dtype=jnp.float32, name=name,
-      scale_init=_ones(names), bias_init=_zeros(names))
+def _normalize(x, eps):
+  mean = x.mean(-1, keepdims=True)
+  centered = x - mean
+  rstd = jax.lax.rsqrt((centered * centered).mean(-1, keepdims=True) + eps)
+  return centered * rstd, rstd
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _layer_norm(x, scale, bias, eps):
+  return _normalize(x, eps)[0] * scale + bias
+
+
+def _layer_norm_fwd(x, scale, bias, eps):
+  xhat, rstd = _normalize(x, eps)
+  return xhat * scale + bias, (xhat, rstd, scale)
+
+
+def _layer_norm_bwd(eps, res, g):
+  # The textbook LayerNorm gradient from the normalized input and 1/std only: autodiff would keep
+  # the centered input, its square and the broadcast statistics as well.
+  xhat, rstd, scale = res
+  gs = g * scale
+  dx = rstd * (gs - gs.mean(-1, keepdims=True) - xhat * (gs * xhat).mean(-1, keepdims=True))
+  axes = tuple(range(g.ndim - 1))
+  return dx, (g * xhat).sum(axes), g.sum(axes)
+
+
+_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+class LayerNorm(nn.Module):
+  """LayerNorm over the last axis (params `scale`, `bias`) computed in float32 whatever the compute
+  dtype (bf16 LayerNorm destabilises training); returns float32."""
+
+  epsilon: float
+  names: tuple  # logical axis name of the normalized axis
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", _ones(self.names), (x.shape[-1],), jnp.float32)
+    bias = self.param("bias", _zeros(self.names), (x.shape[-1],), jnp.float32)
+    return _layer_norm(x.astype(jnp.float32), scale, bias, self.epsilon)
+
+
+def layer_norm(cfg: EncoderConfig, name: str, names=(sh.EMBED,)) -> LayerNorm:
+  """BERT's LayerNorm (eps from the config) in float32."""
+  return LayerNorm(cfg.layer_norm_eps, tuple(names), name=name)
+
+
+def _threefry2x32(k0, k1, x0, x1):
+  """The Threefry-2x32 hash (20 rounds) as JAX computes it, written out unrolled: JAX lowers it as a
+  5-trip loop on CPU, whose full-size loop-carried arrays cost more than the arithmetic."""
+  rotations = ((13, 15, 26, 6), (17, 29, 16, 24))
+  ks = (k0, k1, k0 ^ k1 ^ jnp.uint32(0x1BD11BDA))
+  x0, x1 = x0 + ks[0], x1 + ks[1]
+  for i in range(5):
+    for r in rotations[i % 2]:
+      x0 = x0 + x1
+      x1 = ((x1 << jnp.uint32(r)) | (x1 >> jnp.uint32(32 - r))) ^ x0
+    x0, x1 = x0 + ks[(i + 1) % 3], x1 + ks[(i + 2) % 3] + jnp.uint32(i + 1)
+  return x0, x1
+
+
+def _random_bits32(rng, shape):
+  """`jax.random.bits(rng, shape, uint32)` bit for bit (threefry keys, partitionable mode)."""
+  key = jax.random.key_data(rng) if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng
+  counts = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)  # the flat index (< 2^32: high word 0)
+  b0, b1 = _threefry2x32(key[0], key[1], jnp.zeros_like(counts), counts)
+  return b0 ^ b1
+
+
+def _fast_bits_ok(rng, shape) -> bool:
+  """Whether `_random_bits32` reproduces jax.random.bits for this key and shape."""
+  if not jax.config.jax_threefry_partitionable or math.prod(shape) >= 2**32:
+    return False
+  if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    return "threefry" in str(jax.random.key_impl(rng))
+  return rng.shape == (2,) and "threefry" in jax.config.jax_default_prng_impl
+
+
+class Dropout(nn.Module):
+  """flax.linen.Dropout with the same masks bit for bit (same name, rng and draw), made faster on CPU.
+
+  The keep mask is `uniform(rng) < keep_prob` as in `jax.random.bernoulli`, computed as an integer
+  compare on the same 23 random mantissa bits, from the unrolled hash above; other key types fall back
+  to `jax.random.bernoulli`.
+  """
+
+  rate: float
+  deterministic: bool | None = None
+  rng_collection: str = "dropout"
+
+  @nn.compact
+  def __call__(self, inputs, deterministic: bool | None = None):
+    deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
+    if self.rate == 0.0 or deterministic:
+      return inputs
+    if self.rate == 1.0:
+      return jnp.zeros_like(inputs)
+    keep_prob = 1.0 - self.rate
+    rng = self.make_rng(self.rng_collection)
+    if _fast_bits_ok(rng, inputs.shape):
+      # uniform = (bits >> 9) / 2^23 exactly, so uniform < p  <=>  (bits >> 9) < ceil(p * 2^23).
+      threshold = math.ceil(float(np.float32(keep_prob)) * 2**23)
+      mask = (_random_bits32(rng, inputs.shape) >> jnp.uint32(9)) < jnp.uint32(threshold)
+    else:
+      mask = jax.random.bernoulli(rng, p=keep_prob, shape=inputs.shape)
+    return jax.lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))
 
 
 class Dense(nn.Module):
@@ -113,7 +245,7 @@ class Embeddings(nn.Module):
     self.position = self.param("position", _init(c, (None, sh.EMBED)), (c.max_positions, c.embedding_size))
     self.type = self.param("type", _init(c, (None, sh.EMBED)), (c.type_vocab_size, c.embedding_size))
     self.ln = layer_norm(c, "ln")
-    self.drop = nn.Dropout(c.dropout)
+    self.drop = Dropout(c.dropout)
 
   def __call__(self, input_ids, type_ids, deterministic: bool, position_ids=None):
     """position_ids [B, S] restart the positions of packed examples; default 0..S-1 (+ offset)."""
@@ -145,10 +277,10 @@ class Attention(nn.Module):
     # Scores, mask and softmax in float32: bf16 softmax loses the small probabilities.
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
     probs = jax.nn.softmax(scores * c.head_dim**-0.5 + bias, axis=-1)
-    probs = nn.Dropout(c.attention_dropout)(probs, deterministic=self.deterministic)
+    probs = Dropout(c.attention_dropout)(probs, deterministic=self.deterministic)
     ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
     out = dense(c, (c.num_heads, c.head_dim), c.hidden_size, (sh.HEADS, sh.KV, sh.EMBED), "output")(ctx)
-    out = nn.Dropout(c.dropout)(out, deterministic=self.deterministic)
+    out = Dropout(c.dropout)(out, deterministic=self.deterministic)
     return layer_norm(c, "ln")(x + out).astype(c.dtype)
 
 
@@ -164,7 +296,7 @@ class FeedForward(nn.Module):
     h = dense(c, c.hidden_size, c.intermediate_size, (sh.EMBED, sh.MLP), "intermediate")(x)
     h = activation(c, h)
     h = dense(c, c.intermediate_size, c.hidden_size, (sh.MLP, sh.EMBED), "output")(h)
-    h = nn.Dropout(c.dropout)(h, deterministic=self.deterministic)
+    h = Dropout(c.dropout)(h, deterministic=self.deterministic)
     return layer_norm(c, "ln")(x + h).astype(c.dtype)
 
 

@@ -1,0 +1,200 @@
+"""Data pipeline benchmark: preparation throughput and memory, loader throughput against the train step.
+
+  python benchmarks/data_pipeline.py                                   # the demo corpus written out, 16 MB
+  python benchmarks/data_pipeline.py --corpus='../shared/data/pretrain/wiki-00.txt' --json=/tmp/data.json
+
+What it measures, on this machine:
+1. Preparation (`python -m bertjax.prepare`, a separate process each, as a user runs it) of a text corpus
+   (one paragraph a line, split into sentences) for `--config`, with the tokenizer trained once
+   beforehand so the runs time the instance pass alone: tokens/s with 1 and with 2 worker processes
+   (per worker, and the 1 -> 2 scaling), and the corpus 4x over (the same files linked four times)
+   with 2 workers. Peak memory is the summed resident memory of the run's processes (main + workers),
+   sampled every 20 ms: it must not grow with the corpus. CPU seconds (the run's processes, user +
+   system, start-up and tokenizer loading included) give tokens per CPU second, which a busy machine
+   changes far less than tokens per wall second: scaling is only visible where the cores are free.
+2. The loader: tokens/s that `pipeline.batch_at` delivers from the memory-mapped shards at the config's
+   batch size (host arrays, and moved to the device), against the tokens/s the config's train step
+   consumes (`bertjax.bench.measure`), and the loader's resident-memory growth.
+"""
+
+import argparse
+import collections
+import glob
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+
+def _rss(pid: int) -> int:
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      for line in f:
+        if line.startswith("VmRSS:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return 0
+
+
+def tree_rss(pid: int) -> int:
+  """Resident bytes of `pid` and all its descendants (Linux /proc)."""
+  children = collections.defaultdict(list)
+  for entry in os.listdir("/proc"):
+    if entry.isdigit():
+      try:
+        with open(f"/proc/{entry}/stat") as f:
+          children[int(f.read().rsplit(")", 1)[1].split()[1])].append(int(entry))
+      except (OSError, IndexError, ValueError):
+        continue
+  total, stack = 0, [pid]
+  while stack:
+    p = stack.pop()
+    total += _rss(p)
+    stack.extend(children[p])
+  return total
+
+
+def run_prepare(config: str, source_glob: str, out: str, workers: int, tokenizer: str = "",
+                extra=()) -> dict:
+  """Runs the prepare CLI; returns its metadata's timing and counts with the peak memory of its processes."""
+  cmd = [sys.executable, "-m", "bertjax.prepare", f"--config={config}", f"--config.data.source=text:{source_glob}",
+         "--config.data.split_paragraphs=True", f"--out={out}", f"--workers={workers}", "--overwrite", *extra]
+  if tokenizer:
+    cmd.append(f"--config.data.tokenizer={tokenizer}")
+  before = resource.getrusage(resource.RUSAGE_CHILDREN)  # the CLI and its workers, once waited for
+  proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  peak = [0]
+
+  def sample():
+    while proc.poll() is None:
+      peak[0] = max(peak[0], tree_rss(proc.pid))
+      time.sleep(0.02)
+
+  sampler = threading.Thread(target=sample, daemon=True)
+  sampler.start()
+  stdout, stderr = proc.communicate()
+  sampler.join()
+  after = resource.getrusage(resource.RUSAGE_CHILDREN)
+  cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+  if proc.returncode:
+    raise SystemExit(f"prepare failed ({proc.returncode}):\n{stderr[-3000:]}")
+  with open(os.path.join(out, "metadata.json")) as f:
+    meta = json.load(f)
+  t = meta["timing"]
+  return dict(workers=workers, tokens=meta["counts"]["tokens"], documents=meta["counts"]["source"]["documents"],
+              rows=meta["splits"]["train"]["rows"] + meta["splits"]["eval"]["rows"], seconds=t["seconds"],
+              tokens_per_sec=t["tokens_per_second"], tokens_per_sec_per_worker=t["tokens_per_second"] / workers,
+              tokenizer_seconds=t["tokenizer_seconds"],
+              peak_rss_bytes=peak[0], cpu_seconds=cpu, tokens_per_cpu_second=meta["counts"]["tokens"] / cpu,
+              summary=stdout.strip())
+
+
+def demo_corpus(directory: str, megabytes: float) -> str:
+  """The demo corpus as paragraph-per-line text, repeated to `megabytes` over four files; returns a glob."""
+  from bertjax.data import sources
+
+  docs = list(sources.documents("demo", sources.SourceStats()))
+  text = "".join("\n".join(" ".join(d[i:i + 4]) for i in range(0, len(d), 4)) + "\n\n" for d in docs)
+  copies = max(1, int(megabytes * 1e6 / len(text.encode()) + 0.5))
+  for part in range(4):
+    with open(os.path.join(directory, f"demo-{part}.txt"), "w") as f:
+      for _ in range(part, copies, 4):
+        f.write(text)
+  return os.path.join(directory, "demo-*.txt")
+
+
+def times_four(source_glob: str, directory: str) -> str:
+  """A glob naming every file of `source_glob` four times (symbolic links): the same corpus 4x over."""
+  for path in sorted(glob.glob(source_glob)):
+    for k in range(4):
+      os.symlink(os.path.abspath(path), os.path.join(directory, f"copy{k}-{os.path.basename(path)}"))
+  return os.path.join(directory, "copy*")
+
+
+def loader_throughput(config_spec: str, shards_dir: str, steps: int) -> dict:
+  """Tokens/s of pipeline.batch_at on the shards (host, and with the device transfer), its memory growth."""
+  import jax
+  from bertjax import config as config_lib
+  from bertjax.data import pipeline
+
+  config = config_lib.load(os.path.join(REPO, config_spec))
+  config.data.source = f"shards:{shards_dir}"
+  data = pipeline.build(config)
+  b, s = config.batch_size, config.seq_len
+  rss0 = _rss(os.getpid())
+  t0 = time.perf_counter()
+  for step in range(steps):
+    pipeline.batch_at(data.train, step, b, config.seed)
+  host = steps * b * s / (time.perf_counter() - t0)
+  growth = _rss(os.getpid()) - rss0  # before JAX's own allocations for the device transfer below
+  t0 = time.perf_counter()
+  for step in range(steps, 2 * steps):
+    jax.block_until_ready(jax.device_put(pipeline.batch_at(data.train, step, b, config.seed)))
+  device = steps * b * s / (time.perf_counter() - t0)
+  return dict(batch_size=b, seq_len=s, rows=len(data.train), loader_tokens_per_sec=host,
+              loader_to_device_tokens_per_sec=device, loader_rss_growth_bytes=growth)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--config", default="configs/bert.py:tiny", help="config whose format and seq_len to use")
+  parser.add_argument("--corpus", default="", help="glob of paragraph-per-line text files (default: demo text)")
+  parser.add_argument("--mb", type=float, default=16.0, help="size of the demo text corpus, when no --corpus")
+  parser.add_argument("--steps", type=int, default=300, help="loader steps to time")
+  parser.add_argument("--json", default="", help="also write the results here")
+  args = parser.parse_args()
+
+  with tempfile.TemporaryDirectory() as tmp:
+    source = args.corpus or demo_corpus(tempfile.mkdtemp(dir=tmp), args.mb)
+    big = times_four(source, tempfile.mkdtemp(dir=tmp))
+    base = os.path.join(tmp, "tokenizer-run")
+    print("training the tokenizer (one prepare run, 2 workers) ...", flush=True)
+    first = run_prepare(args.config, source, base, 2, extra=["--config.data.tokenizer_sentences=200000"])
+    tokenizer = f"spm:{base}/tokenizer.model"
+    runs = {}
+    for name, glob_, workers in (("1x_w1", source, 1), ("1x_w2", source, 2), ("4x_w2", big, 2)):
+      print(f"prepare {name} ...", flush=True)
+      runs[name] = run_prepare(args.config, glob_, os.path.join(tmp, name), workers, tokenizer)
+    print("loader and train step ...", flush=True)
+    loader = loader_throughput(args.config, os.path.join(tmp, "1x_w2"), args.steps)
+
+  from bertjax import bench, config as config_lib
+
+  step = bench.measure(config_lib.load(os.path.join(REPO, args.config)), steps=5, warmup=2)
+  results = dict(config=args.config, corpus=args.corpus or f"demo text, {args.mb} MB", cpus=os.cpu_count(),
+                 load_average=os.getloadavg(), runs=runs, tokenizer_training_seconds=first["tokenizer_seconds"],
+                 **loader,
+                 train_step_tokens_per_sec=step["tokens_per_sec"],
+                 loader_over_train_step=loader["loader_tokens_per_sec"] / step["tokens_per_sec"],
+                 scaling_1_to_2_workers=runs["1x_w2"]["tokens_per_sec"] / runs["1x_w1"]["tokens_per_sec"],
+                 peak_memory_4x_over_1x=runs["4x_w2"]["peak_rss_bytes"] / runs["1x_w2"]["peak_rss_bytes"],
+                 bench_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+  print(f"\n{runs['1x_w2']['summary']}\n")
+  print(f"{'run':<8} {'documents':>10} {'tokens':>12} {'seconds':>8} {'tokens/s':>10} {'per worker':>11} "
+        f"{'peak RSS':>9} {'CPU s':>7} {'tokens/CPU s':>13}")
+  for name, r in runs.items():
+    print(f"{name:<8} {r['documents']:>10,} {r['tokens']:>12,} {r['seconds']:>8.1f} {r['tokens_per_sec']:>10,.0f} "
+          f"{r['tokens_per_sec_per_worker']:>11,.0f} {r['peak_rss_bytes'] / 2**20:>7.0f}MB {r['cpu_seconds']:>7.1f} "
+          f"{r['tokens_per_cpu_second']:>13,.0f}")
+  print(f"scaling 1 -> 2 workers: {results['scaling_1_to_2_workers']:.2f}x on {os.cpu_count()} cores "
+        f"(load average {results['load_average'][0]:.1f}); peak memory 4x corpus / 1x: "
+        f"{results['peak_memory_4x_over_1x']:.2f}")
+  print(f"loader: {loader['loader_tokens_per_sec']:,.0f} tokens/s host, "
+        f"{loader['loader_to_device_tokens_per_sec']:,.0f} to device (batch {loader['batch_size']} x {loader['seq_len']}), RSS growth "
+        f"{loader['loader_rss_growth_bytes'] / 2**20:.1f} MB; train step {step['tokens_per_sec']:,.0f} tokens/s; "
+        f"loader / train step = {results['loader_over_train_step']:.0f}x")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()
