@@ -12,6 +12,8 @@ What it measures, on this machine:
    sampled every 20 ms: it must not grow with the corpus. CPU seconds (the run's processes, user +
    system, start-up and tokenizer loading included) give tokens per CPU second, which a busy machine
    changes far less than tokens per wall second: scaling is only visible where the cores are free.
+   The 1x corpus must span many chunks (prepare_lib.CHUNK_BYTES, 1 MiB; 2 x workers are in flight)
+   for 1x and 4x to be comparable: the default 16 MB does.
 2. The loader: tokens/s that `pipeline.batch_at` delivers from the memory-mapped shards at the config's
    batch size (host arrays, and moved to the device), against the tokens/s the config's train step
    consumes (`bertjax.bench.measure`), and the loader's resident-memory growth.
@@ -188,8 +190,9 @@ def main():
         f"(load average {results['load_average'][0]:.1f}); peak memory 4x corpus / 1x: "
         f"{results['peak_memory_4x_over_1x']:.2f}")
   print(f"loader: {loader['loader_tokens_per_sec']:,.0f} tokens/s host, "
-        f"{loader['loader_to_device_tokens_per_sec']:,.0f} to device (batch {loader['batch_size']} x {loader['seq_len']}), RSS growth "
-        f"{loader['loader_rss_growth_bytes'] / 2**20:.1f} MB; train step {step['tokens_per_sec']:,.0f} tokens/s; "
+        f"{loader['loader_to_device_tokens_per_sec']:,.0f} to device (batch {loader['batch_size']} x "
+        f"{loader['seq_len']}), RSS growth {loader['loader_rss_growth_bytes'] / 2**20:.1f} MB; "
+        f"train step {step['tokens_per_sec']:,.0f} tokens/s; "
         f"loader / train step = {results['loader_over_train_step']:.0f}x")
   if args.json:
     with open(args.json, "w") as f:

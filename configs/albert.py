@@ -45,4 +45,8 @@ def get_config(arg: str = "base"):
   if arg == "tiny":
     tiny_on_demo(c)
     c.model.embedding_size = 64
+    # LAMB scales each update to lr x the weight's norm; 0.02-std weights have small norms, so a short
+    # run needs a far larger rate than ALBERT's 0.00176 (measured on the demo corpus: the loss falls
+    # 0.02 in 30 steps at 2e-3, 0.08 at 1e-2, 0.59 at 5e-2).
+    c.learning_rate = 5e-2
   return c

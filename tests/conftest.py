@@ -40,7 +40,7 @@ def micro(spec: str = "configs/bert.py:tiny", **overrides):
 
 # CLI flags that shrink configs/bert.py:tiny for subprocess tests (the same shapes as `micro`).
 MICRO_FLAGS = ("--config.model.hidden_size=64", "--config.model.intermediate_size=128", "--config.seq_len=64",
-               "--config.batch_size=16", "--config.data.dupe_factor=1", "--config.warmup_steps=5")
+               "--config.batch_size=16", "--config.data.dupe_factor=1", "--config.warmup_steps=1")
 
 
 def train_cli(workdir, *flags, spec="configs/bert.py:tiny", env=None, wait=True, timeout=900):

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, if not installed
 from conftest import micro  # noqa: E402
 
 from bertjax import loop, sharding  # noqa: E402
