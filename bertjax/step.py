@@ -96,16 +96,22 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
     metrics["loss"] = (metrics["loss"][0], 1.0)  # the microbatch losses add up to the batch loss
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(metrics["loss"][0]) & jnp.isfinite(grad_norm)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
   # Skip a non-finite step: keep the old params and optimizer state (the step counter still advances,
-  # so the next step sees new data and masks rather than the same poisoned batch).
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-  params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+  # so the next step sees new data and masks rather than the same poisoned batch). A cond, not a select
+  # between old and new state: the select is one more pass over params and optimizer state (~5% of a
+  # BERT-base step on CPU).
+  def apply_update(_):
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return optax.apply_updates(state.params, updates), opt_state, optax.tree.norm(updates)
+
+  def skip_update(_):
+    return state.params, state.opt_state, jnp.float32(0.0)  # no update: its norm is 0
+
+  params, opt_state, update_norm = jax.lax.cond(finite, apply_update, skip_update, None)
   metrics.update(
       grad_norm=(grad_norm, 1.0),
       param_norm=(optax.tree.norm(params), 1.0),
-      update_norm=(optax.tree.norm(updates), 1.0),
+      update_norm=(update_norm, 1.0),
       skipped=(1.0 - finite.astype(jnp.float32), 1.0),
   )
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
