@@ -4,12 +4,13 @@ Same BERT config (float32), batch, sequence length and thread count; both train 
 15% of the tokens plus NSP, AdamW and gradient clipping at 1.0. bertjax runs its real jitted train step
 (masking on device included); PyTorch runs eager HF (its default attention), with the masked batch made
 once beforehand, as a data loader would. Steps of the two alternate in rounds, so both see the same
-machine load; the medians and their ratio are printed, then one JSON line.
+machine load; the medians and their ratio are printed, then one JSON line. bertjax's MFU is against a
+2048^3 float32 matmul timed between its steps, as `python -m bertjax.bench` does on CPU.
 
 Note that HF's BertForPreTraining decodes all `seq_len` positions through the vocabulary (bertjax only
 the `max_predictions` masked slots), so it does more FLOPs per token; `hf_flops_per_token` counts them.
 
-  python benchmarks/vs_pytorch.py                        # tiny and base, batch 8 x 128
+  python benchmarks/vs_pytorch.py                        # tiny (batch 32) and base (batch 8), seq 128
   python benchmarks/vs_pytorch.py --variants=base --batch_size=8 --steps=5 --rounds=3
 """
 
@@ -29,8 +30,10 @@ from absl import app, flags
 from bertjax import bench, config as config_lib, loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Default batch per variant: tiny's own recipe; base at the batch `python -m bertjax.bench` is quoted at.
+BATCH_SIZES = {"tiny": 32, "base": 8, "large": 4}
 _VARIANTS = flags.DEFINE_list("variants", ["tiny", "base"], "configs/bert.py variants to compare")
-_BATCH = flags.DEFINE_integer("batch_size", 8, "global batch size (0: the variant's own)")
+_BATCH = flags.DEFINE_integer("batch_size", 0, "global batch size for every variant (0: BATCH_SIZES)")
 _SEQ = flags.DEFINE_integer("seq_len", 128, "sequence length")
 _STEPS = flags.DEFINE_integer("steps", 5, "timed steps per side and round")
 _ROUNDS = flags.DEFINE_integer("rounds", 2, "rounds of alternating bertjax / PyTorch steps")
@@ -41,7 +44,7 @@ def bert_config(variant: str, batch_size: int, seq_len: int):
   """The variant's bertjax config in float32 at the benchmark's batch and sequence length."""
   config = config_lib.load(os.path.join(REPO, f"configs/bert.py:{variant}"))
   config.model.dtype = "float32"
-  config.batch_size = batch_size or config.batch_size
+  config.batch_size = batch_size or BATCH_SIZES.get(variant, 8)
   config.seq_len = seq_len
   return config
 
@@ -129,8 +132,9 @@ def hf_flops_per_token(config) -> float:
   return flops.train_flops_per_token(cfg, config.seq_len, config.seq_len, sentence_head=True)
 
 
-def compare(variant: str, batch_size: int, seq_len: int, steps: int, rounds: int, peak: float) -> dict:
-  """Side-by-side medians of one variant's train step in bertjax and in PyTorch."""
+def compare(variant: str, batch_size: int, seq_len: int, steps: int, rounds: int) -> dict:
+  """Side-by-side medians of one variant's train step in bertjax and in PyTorch; bertjax's MFU is
+  against a 2048^3 float32 XLA matmul timed between its steps (same machine load)."""
   import torch
 
   config = bert_config(variant, batch_size, seq_len)
@@ -143,13 +147,14 @@ def compare(variant: str, batch_size: int, seq_len: int, steps: int, rounds: int
   state, _ = bench.time_steps(compiled, state, b.batch, 0, 2)  # warm-up
   time_torch(model, opt, tbatch, clip, 2)
   jax_times, torch_times = [], []
+  probe = bench.MatmulProbe()
   for _ in range(rounds):
-    state, t = bench.time_steps(compiled, state, b.batch, steps, 0)
+    state, t = bench.time_steps(compiled, state, b.batch, steps, 0, probe.sample)
     jax_times += t
     time.sleep(0.5)  # let the other runtime's worker threads go idle
     torch_times += time_torch(model, opt, tbatch, clip, steps)
     time.sleep(0.5)
-  tokens = b.batch_size * b.seq_len
+  tokens, peak = b.batch_size * b.seq_len, probe.flops_per_sec()
   jax_tps, torch_tps = tokens / statistics.median(jax_times), tokens / statistics.median(torch_times)
   del state, model, opt
   return dict(
@@ -158,7 +163,7 @@ def compare(variant: str, batch_size: int, seq_len: int, steps: int, rounds: int
       bertjax_step_seconds=statistics.median(jax_times), torch_step_seconds=statistics.median(torch_times),
       bertjax_compile_seconds=compile_seconds, bertjax_flops_per_token=b.flops_per_token,
       hf_flops_per_token=hf_flops_per_token(config), bertjax_mfu=jax_tps * b.flops_per_token / peak,
-      torch_mfu_hf_flops=torch_tps * hf_flops_per_token(config) / peak,
+      torch_mfu_hf_flops=torch_tps * hf_flops_per_token(config) / peak, xla_matmul_flops_per_sec=peak,
   )
 
 
@@ -174,7 +179,7 @@ def main(argv):
         f"PyTorch {torch_peak / 1e9:.0f} GFLOP/s", flush=True)
   results = []
   for variant in _VARIANTS.value:
-    r = compare(variant, _BATCH.value, _SEQ.value, _STEPS.value, _ROUNDS.value, peak)
+    r = compare(variant, _BATCH.value, _SEQ.value, _STEPS.value, _ROUNDS.value)
     results.append(r)
     print(f"{variant:>6} batch {r['batch_size']} x {r['seq_len']}: bertjax {r['bertjax_tokens_per_sec']:8.0f} tok/s "
           f"(MFU {r['bertjax_mfu']:.2f}), PyTorch {r['torch_tokens_per_sec']:8.0f} tok/s, "

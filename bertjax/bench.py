@@ -4,7 +4,8 @@ Prints one JSON object: `tokens_per_sec`, `step_seconds` (median of `--steps` ti
 `--warmup` untimed ones), `compile_seconds` (trace + lower + XLA compile), `model_flops_per_token` (the
 analytic count `summary` prints), `mfu` and `peak_memory_bytes`. MFU is measured against the device's
 peak from `bertjax.flops.PEAK_FLOPS`; a CPU has no published peak, so there the denominator is a
-2048^3 matmul in the compute dtype timed in the same run, the best a dense kernel does on this machine.
+2048^3 matmul in the compute dtype timed between the timed steps (`MatmulProbe`): what a dense kernel
+does on this machine under the same load. On CPU, peak memory is XLA's estimate for the step.
 
 The step is `bertjax.step.train_step` jitted as the loop jits it (shardings from the model's logical
 axes, donated state), on a synthetic batch of the configured shape: [CLS] A [SEP] B [SEP] pairs of random
@@ -30,6 +31,7 @@ from ml_collections import config_flags
 
 from bertjax import config as config_lib, flops, sharding
 from bertjax.errors import UserError, cli
+
 
 @dataclasses.dataclass
 class Bench:
@@ -75,8 +77,9 @@ def setup(config, batch_size: int = 0) -> Bench:
   config_lib.validate(config)
   n_dev = jax.device_count()
   if config.batch_size % (n_dev * config.grad_accum_steps):
+    multiple = n_dev * config.grad_accum_steps
     raise UserError(f"batch_size={config.batch_size} is not divisible by the {n_dev} devices "
-                    f"(x grad_accum_steps={config.grad_accum_steps}); use a multiple of {n_dev * config.grad_accum_steps}")
+                    f"(x grad_accum_steps={config.grad_accum_steps}); use a multiple of {multiple}")
   mesh = sharding.make_mesh(config.sharding, overrides=dict(config.mesh))
   steps = loop.make_steps(config, mesh)
   batch = jax.device_put(synthetic_batch(config, config.batch_size), steps.batch_sharding)
@@ -94,8 +97,9 @@ def compile_step(bench: Bench):
   return compiled, time.perf_counter() - t0
 
 
-def time_steps(compiled, state, batch, steps: int, warmup: int):
-  """Runs warmup + steps steps, each waited for; returns (final state, the timed steps' seconds)."""
+def time_steps(compiled, state, batch, steps: int, warmup: int, between=None):
+  """Runs warmup + steps steps, each waited for; returns (final state, the timed steps' seconds).
+  `between()`, if given, runs after each timed step (outside its timing)."""
   times = []
   for i in range(warmup + steps):
     t0 = time.perf_counter()
@@ -103,21 +107,38 @@ def time_steps(compiled, state, batch, steps: int, warmup: int):
     jax.block_until_ready((state, metrics))
     if i >= warmup:
       times.append(time.perf_counter() - t0)
+      if between is not None:
+        between()
   return state, times
+
+
+class MatmulProbe:
+  """Times an n^3 matmul in a dtype on the default device, a few runs at a time: sampled between the
+  timed train steps, it sees the same machine load as they do (CPUs shared with other work)."""
+
+  def __init__(self, dtype=jnp.float32, n: int = 2048):
+    self.n, self.times = n, []
+    self._a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+    self._b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
+    self._mm = jax.jit(lambda x, y: x @ y)
+    self._mm(self._a, self._b).block_until_ready()  # compile
+
+  def sample(self, repeats: int = 3):
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      self._mm(self._a, self._b).block_until_ready()
+      self.times.append(time.perf_counter() - t0)
+
+  def flops_per_sec(self) -> float:
+    """FLOP/s at the median of the timed runs."""
+    return 2.0 * self.n**3 / statistics.median(self.times)
 
 
 def matmul_peak(dtype=jnp.float32, n: int = 2048, repeats: int = 10) -> float:
   """FLOP/s of an n^3 matmul on the default device: the median of `repeats` timed runs."""
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
-  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
-  mm = jax.jit(lambda x, y: x @ y)
-  mm(a, b).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    mm(a, b).block_until_ready()
-    times.append(time.perf_counter() - t0)
-  return 2.0 * n**3 / statistics.median(times)
+  probe = MatmulProbe(dtype, n)
+  probe.sample(repeats)
+  return probe.flops_per_sec()
 
 
 def peak_memory(compiled) -> tuple:
@@ -136,25 +157,25 @@ def peak_memory(compiled) -> tuple:
 def measure(config, batch_size: int = 0, steps: int = 10, warmup: int = 2, peak: float = 0.0) -> dict:
   """Compiles and times the config's train step; the dict the CLI prints as JSON.
 
-  `peak` (FLOP/s of all devices) overrides the peak MFU is measured against (the benchmarks pass one
-  matmul measurement to several runs).
+  `peak` (FLOP/s of all devices) overrides the peak MFU is measured against. Without it, a device
+  listed in `flops.PEAK_FLOPS` uses its published peak; otherwise (CPU) a 2048^3 matmul in the compute
+  dtype is timed three times after each timed step and its median rate is the peak.
   """
   if steps < 1 or warmup < 0:
     raise UserError(f"steps={steps}, warmup={warmup}: time at least one step (--steps >= 1, --warmup >= 0)")
+  device = jax.devices()[0]
+  peak_source = "given" if peak else "table"
+  peak = peak or flops.peak_flops(device) * jax.device_count()
+  probe = None if peak else MatmulProbe(config_lib.DTYPES[config.model.dtype])
   bench = setup(config, batch_size)
   compiled, compile_seconds = compile_step(bench)
   state = bench.steps.init(jax.random.key(config.seed))
-  state, times = time_steps(compiled, state, bench.batch, steps, warmup)
+  state, times = time_steps(compiled, state, bench.batch, steps, warmup, probe and probe.sample)
   del state
+  if probe is not None:
+    peak, peak_source = probe.flops_per_sec() * jax.device_count(), "measured_matmul_2048"
   step_seconds = statistics.median(times)
   tokens_per_sec = bench.batch_size * bench.seq_len / step_seconds
-  device = jax.devices()[0]
-  dtype = config_lib.DTYPES[config.model.dtype]
-  peak_source = "given"
-  if not peak:
-    peak, peak_source = flops.peak_flops(device) * jax.device_count(), "table"
-  if not peak:
-    peak, peak_source = matmul_peak(dtype) * jax.device_count(), "measured_matmul_2048"
   mem, mem_source = peak_memory(compiled)
   return dict(
       tokens_per_sec=tokens_per_sec,

@@ -41,8 +41,8 @@ def load_run(workdir: str) -> Run:
   from bertjax import loop
 
   model = loop.make_model(config)
-  shapes = sharding.strip_boxes(jax.eval_shape(
-      lambda r: model.init({"params": r, "sample": r, "dropout": r}, loop.dummy_batch(config)), jax.random.key(0)))["params"]
+  init = lambda r: model.init({"params": r, "sample": r, "dropout": r}, loop.dummy_batch(config))["params"]
+  shapes = sharding.strip_boxes(jax.eval_shape(init, jax.random.key(0)))
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), shapes)
   params = checkpoint.restore_params(workdir, abstract)

@@ -218,7 +218,23 @@ class _Preemption:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
-  """Pretrains as the config says, writing metrics, TensorBoard events and checkpoints to workdir."""
+  """Pretrains as the config says, writing metrics, TensorBoard events and checkpoints to workdir.
+
+  The mesh, logical axis rules and SIGTERM handler it installs for the run are undone on return, so a
+  caller (a notebook, a test) keeps a clean process."""
+  old_handler = signal.getsignal(signal.SIGTERM)
+  try:
+    return _train_and_evaluate(config, workdir)
+  finally:
+    jax.set_mesh(None)
+    nn.set_logical_axis_rules(())
+    try:
+      signal.signal(signal.SIGTERM, old_handler)
+    except ValueError:  # not the main thread
+      pass
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   # ---------------------------------------------------------------- Setup
   config_lib.validate(config)
   replace = check_workdir(config, workdir)

@@ -102,7 +102,10 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
   # BERT-base step on CPU).
   def apply_update(_):
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    return optax.apply_updates(state.params, updates), opt_state, optax.tree.norm(updates)
+    params = optax.apply_updates(state.params, updates)
+    # The norm of the applied change, from new - old: the norm of `updates` itself would make XLA write
+    # `updates` out once more per parameter (3% of a BERT-base CPU step).
+    return params, opt_state, optax.tree.norm(jax.tree.map(jnp.subtract, params, state.params))
 
   def skip_update(_):
     return state.params, state.opt_state, jnp.float32(0.0)  # no update: its norm is 0

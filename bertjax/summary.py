@@ -15,9 +15,6 @@ from ml_collections import config_flags
 from bertjax import config as config_lib, flops, sharding
 from bertjax.errors import cli
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:base", lock_config=True)
-flags.mark_flags_as_required(["config"])
-
 # Top-level modules of each network (ELECTRA); the rest of the models are one network.
 GENERATOR = ("embeddings", "generator_encoder", "generator_mlm")
 DISCRIMINATOR = ("embeddings", "encoder", "rtd", "sentence")
@@ -69,8 +66,12 @@ def summarize(config) -> str:
 @cli
 def main(argv):
   del argv
-  print(summarize(_CONFIG.value))
+  print(summarize(flags.FLAGS.config))
 
 
 if __name__ == "__main__":
+  # Flags are defined only when run as a program: importing this module (param_shapes, summarize) must
+  # not add a required --config to the process's absl flags.
+  config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:base", lock_config=True)
+  flags.mark_flags_as_required(["config"])
   app.run(main)
