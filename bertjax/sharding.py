@@ -98,9 +98,24 @@ def batch_spec() -> P:
 
 
 def logical_shardings(tree, mesh, rules):
-  """NamedShardings for a tree of (possibly boxed) values, from their logical axis names."""
-  specs = nn.get_partition_spec(tree)
-  return nn.logical_to_mesh_sharding(specs, mesh, rules)
+  """NamedShardings for a tree of (possibly boxed) values, from their logical axis names.
+
+  A dimension that its mesh axes do not divide (e.g. an ELECTRA generator's single head under
+  tensor=2) is replicated instead of failing: the rule is a preference, the shape decides."""
+  shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(tree), mesh, rules)
+
+  def fit(value, sharding):
+    if not isinstance(sharding, NamedSharding) or not hasattr(value, "shape"):
+      return sharding
+    spec = list(sharding.spec) + [None] * (len(value.shape) - len(sharding.spec))
+    fitted = []
+    for dim, axes in zip(value.shape, spec):
+      names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+      size = math.prod(mesh.shape[a] for a in names)
+      fitted.append(axes if names and dim % size == 0 else None)
+    return NamedSharding(mesh, P(*fitted))
+
+  return jax.tree.map(fit, strip_boxes(tree), shardings)
 
 
 def replicated(mesh) -> NamedSharding:
