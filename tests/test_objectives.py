@@ -115,3 +115,13 @@ def test_auc_from_histograms_matches_pairwise_definition():
   hist = lambda s: np.bincount(np.minimum((s * bins).astype(int), bins - 1), minlength=bins)
   assert abs(auc_from_histograms(hist(pos_scores), hist(neg_scores)) - exact) < 2e-3
   assert auc_from_histograms(hist(neg_scores), hist(pos_scores)) < 0.5
+
+
+def test_sampling_temperature_flattens_the_generator_distribution():
+  """Gumbel-max at temperature T samples softmax(logits / T): its empirical frequencies match."""
+  logits = jnp.log(jnp.array([0.7, 0.2, 0.1]))
+  n = 40_000
+  for t in (1.0, 2.0):
+    samples = pretrain.sample_tokens(jax.random.key(0), jnp.broadcast_to(logits, (n, 3)), t)
+    freq = np.bincount(np.asarray(samples), minlength=3) / n
+    np.testing.assert_allclose(freq, jax.nn.softmax(logits / t), atol=0.01)
