@@ -13,10 +13,10 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # not on a TPU VM: don't wait for its metadata server
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other JAX processes here may hold libtpu
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from bertjax.errors import UserError, cli
+from bertjax.errors import UserError, cli, run
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:large", lock_config=True)
 _TOPOLOGY = flags.DEFINE_string("topology", "v4-8", "TPU slice: v4-8, v4-32, v5e-8, v5e-16, v5p-8, v6e-8, ...")
@@ -55,6 +55,10 @@ def topology_devices(t: dict):
   """The devices of a TPU slice description (compiling for them needs no TPU)."""
   from jax.experimental import topologies
 
+  # libtpu reads the host's slice from these when it loads; on a machine without a TPU it would warn that
+  # it cannot determine them. The compile target comes from the topology description below.
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", t["name"])
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   kwargs = {}
   if len(t["grid"]) == 3:
     host = (2, 2, 1)
@@ -132,4 +136,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run(main)

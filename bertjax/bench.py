@@ -25,12 +25,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 from flax import linen as nn
 from ml_collections import config_flags
 
 from bertjax import config as config_lib, flops, sharding
-from bertjax.errors import UserError, cli
+from bertjax.errors import UserError, cli, run
 
 
 @dataclasses.dataclass
@@ -222,4 +222,4 @@ def main(argv):
 
 if __name__ == "__main__":
   _FLAGS = _define_flags()
-  app.run(main)
+  run(main)

@@ -23,3 +23,38 @@ def cli(main):
       sys.exit(2)
 
   return wrapped
+
+
+def flag_error_line(e: Exception) -> str:
+  """One line for a command-line error: a bad flag value, a config file that raised, an unknown key."""
+  import re
+
+  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+  last = lines[-1] if lines else type(e).__name__
+  if isinstance(e, (AttributeError, KeyError)):  # ml_collections, for --config.<key> the config lacks
+    return f"no config key {last}: check the --config.* overrides against the config file"
+  if isinstance(e, OSError):  # ml_collections, for a --config file it cannot load
+    return f"cannot load the config file: {last}"
+  flag = re.match(r"flag (--\S+?): ", lines[0]) if lines else None
+  return f"{flag.group(1)}: {last}" if flag and lines[0] != last else last
+
+
+def parse_flags(argv):
+  """absl's flag parsing with a one-line `error: ...` and exit code 2 instead of a traceback and usage."""
+  from absl import flags
+
+  try:
+    argv = flags.FLAGS(argv)
+    for name in flags.FLAGS:  # a config file that failed to load raises on first attribute access: now
+      hasattr(flags.FLAGS[name].value, "keys")
+    return argv
+  except (flags.Error, AttributeError, KeyError, OSError, TypeError, ValueError) as e:
+    print(f"error: {flag_error_line(e)}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def run(main):
+  """`absl.app.run(main)` for bertjax's CLIs: flag and config errors end in one line, like UserError."""
+  from absl import app
+
+  app.run(main, flags_parser=parse_flags)

@@ -5,10 +5,10 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from bertjax.errors import cli
+from bertjax.errors import cli, run
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/finetune.py:rte", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "where per-seed metrics and results.json go")
@@ -24,4 +24,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run(main)

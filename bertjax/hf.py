@@ -15,9 +15,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from bertjax.errors import UserError, cli
+from bertjax.errors import UserError, cli, run
 from bertjax.interop import convert, workdir as wd
 from bertjax.interop.inference import Loaded, encode, fill_mask, hidden_states, load, logits  # noqa: F401 (the API)
 
@@ -80,4 +80,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run(main)

@@ -9,10 +9,10 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from bertjax.errors import cli
+from bertjax.errors import cli, run
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:base", lock_config=True)
 _OUT = flags.DEFINE_string("out", None, "directory to write the shards, metadata.json and tokenizer to")
@@ -32,4 +32,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run(main)

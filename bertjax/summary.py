@@ -8,12 +8,12 @@ ElectraForPreTraining counts it.
 import collections
 
 import jax
-from absl import app, flags
+from absl import flags
 from flax import linen as nn
 from ml_collections import config_flags
 
 from bertjax import config as config_lib, flops, sharding
-from bertjax.errors import cli
+from bertjax.errors import cli, run
 
 # Top-level modules of each network (ELECTRA); the rest of the models are one network.
 GENERATOR = ("embeddings", "generator_encoder", "generator_mlm")
@@ -74,4 +74,4 @@ if __name__ == "__main__":
   # not add a required --config to the process's absl flags.
   config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:base", lock_config=True)
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  run(main)

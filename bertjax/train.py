@@ -4,11 +4,11 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from bertjax import distributed
-from bertjax.errors import cli
+from bertjax.errors import cli, run
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:base", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "where metrics, TensorBoard events and checkpoints go")
@@ -25,4 +25,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run(main)

@@ -70,3 +70,29 @@ def test_bad_input_leaves_an_existing_run_intact(tmp_path):
   _one_line_error(train_cli(tmp_path / "w", *flags), "no files match")
   after = {p: os.path.getmtime(os.path.join(r, p)) for r, _, fs in os.walk(tmp_path / "w") for p in fs}
   assert before == after and read_metrics(tmp_path / "w") == records
+
+
+@pytest.mark.parametrize("spec, flag, fragment", [
+    ("configs/bert.py:huge", (), "unknown bert variant 'huge'; use one of tiny, base, large"),
+    ("configs/nope.py", (), "cannot load the config file"),
+    ("configs/bert.py:tiny", ("--config.model.hiden_size=64",), "no config key"),
+    ("configs/bert.py:tiny", ("--config.batch_size=many",), "--config.batch_size=many"),
+])
+def test_command_line_errors_are_one_line(tmp_path, spec, flag, fragment):
+  proc = train_cli(tmp_path / "w", *flag, spec=spec)
+  _one_line_error(proc, fragment)
+  assert not (tmp_path / "w").exists()
+
+
+def test_libtpu_without_a_tpu_prints_nothing(tmp_path):
+  """The default install carries libtpu (for bertjax.aot); on a host without TPU chips it must not add
+  its start-up warnings to every run's stderr (the one-line errors above depend on it)."""
+  import importlib.util
+  import subprocess
+  import sys
+
+  assert importlib.util.find_spec("libtpu") is not None, "the test extra installs jax[tpu]"
+  code = "import bertjax, jax; print(jax.devices()[0].platform)"
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                        env={k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"})
+  assert proc.returncode == 0 and proc.stdout.strip() == "cpu" and not proc.stderr.strip(), proc.stderr

@@ -1,0 +1,34 @@
+"""Ahead-of-time compilation for TPU topologies on this CPU machine (libtpu from the default install)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bertjax import aot
+from bertjax.errors import UserError
+from conftest import MICRO_FLAGS, REPO
+
+
+def test_topology_names_map_to_chip_grids():
+  assert aot.parse_topology("v4-8")["topology"] == "v4:2x2x1"  # 8 cores = 4 megacore chips
+  assert aot.parse_topology("v4-32")["chips"] == 16
+  assert aot.parse_topology("v5e-16")["topology"] == "v5e:4x4"
+  with pytest.raises(UserError, match="unknown topology"):
+    aot.parse_topology("tpu-8")
+
+
+def test_aot_compiles_the_train_step_for_a_v4_slice():
+  cmd = [sys.executable, "-m", "bertjax.aot", "--config=configs/bert.py:tiny", "--topology=v4-8", "--json",
+         *[f for f in MICRO_FLAGS if "dupe_factor" not in f and "warmup" not in f], "--config.sharding=fsdp"]
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "could not determine TPU" not in proc.stderr, proc.stderr[-3000:]  # libtpu told the slice
+  report = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert report["devices"] == 4 and report["mesh"]["fsdp"] == 4 and report["fits"]
+  assert 0 < report["total_gib"] < report["hbm_gib"] == 32
+  # XLA's FLOPs per device are a quarter of the step's (data-sharded), within the analytic count's rounding.
+  assert 0.5 < 4 * report["xla_flops_per_device"] / report["model_flops_per_step"] < 2.0
+  assert report["xla_estimated_step_seconds"] is None or report["xla_estimated_step_seconds"] > 0
