@@ -21,6 +21,8 @@ from bertjax.errors import UserError, cli, run
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:large", lock_config=True)
 _TOPOLOGY = flags.DEFINE_string("topology", "v4-8", "TPU slice: v4-8, v4-32, v5e-8, v5e-16, v5p-8, v6e-8, ...")
 _JSON = flags.DEFINE_bool("json", False, "print one JSON object instead of the table")
+_UNROLLED = flags.DEFINE_bool("unrolled_estimate", True, "for XLA's FLOPs and step-time estimate, compile the step "
+                              "a second time with the layers unrolled (XLA costs a loop body once)")
 flags.mark_flags_as_required(["config"])
 
 # Per generation: jax topology prefix, HBM per chip (GiB), how slice names count (cores or chips),
@@ -70,24 +72,43 @@ def topology_devices(t: dict):
                     "install the TPU extra: pip install -e '.[tpu]'")
 
 
-def compile_for(config, t: dict) -> dict:
-  """Lowers and compiles the real train step for topology `t`; returns the figures."""
+def _compile(config, mesh):
+  """(loop.Steps, the compiled train step) for `config` on `mesh`, from abstract state and batch."""
   import jax
 
-  from bertjax import config as config_lib, flops, loop, sharding
+  from bertjax import loop
+
+  steps = loop.make_steps(config, mesh)
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=steps.batch_sharding)
+           for k, v in loop.host_batch_spec(config, config.batch_size).items()}
+  return steps, steps.train.lower(steps.abstract_state, batch).compile()
+
+
+def _cost(compiled) -> dict:
+  cost = compiled.cost_analysis()
+  return cost[0] if isinstance(cost, (list, tuple)) else cost
+
+
+def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
+  """Lowers and compiles the real train step for topology `t`; returns the figures. With
+  `unrolled_estimate`, XLA's FLOPs and step time come from a second compile with the layers unrolled."""
+  from bertjax import config as config_lib, flops, sharding
+  from bertjax.model.encoder import layers_per_iteration
 
   config_lib.validate(config)
   devices = topology_devices(t)
   mesh = sharding.make_mesh(config.sharding, devices=devices, overrides=dict(config.mesh))
   if config.batch_size % len(devices):
     raise UserError(f"batch_size={config.batch_size} is not divisible by the {len(devices)} devices of {t['name']}")
-  steps = loop.make_steps(config, mesh)
-  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=steps.batch_sharding)
-           for k, v in loop.host_batch_spec(config, config.batch_size).items()}
-  compiled = steps.train.lower(steps.abstract_state, batch).compile()
+  steps, compiled = _compile(config, mesh)
   mem = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  cost, cost_of = _cost(compiled), "train step"
+  if unrolled_estimate and layers_per_iteration(steps.model.cfg) < steps.model.cfg.num_layers:
+    # XLA costs a loop body once (and may estimate no time for a program with a loop): cost the same step
+    # with the layer scan unrolled. Memory stays the real, scanned step's.
+    unrolled = config.copy_and_resolve_references()
+    unrolled.model.scan_unroll = config.model.num_layers
+    cost, cost_of = _cost(_compile(unrolled, mesh)[1]), "train step, layers unrolled"
   gib = 1024**3
   args, temp, out, alias = (getattr(mem, f"{k}_size_in_bytes", 0) for k in ("argument", "temp", "output", "alias"))
   total = args + temp + out - alias
@@ -104,7 +125,7 @@ def compile_for(config, t: dict) -> dict:
       sharding=config.sharding, global_batch=config.batch_size, seq_len=config.seq_len,
       arguments_gib=args / gib, temporaries_gib=temp / gib, outputs_gib=out / gib, aliased_gib=alias / gib,
       total_gib=total / gib, hbm_gib=hbm / gib, fits=total <= hbm,
-      xla_flops_per_device=float(cost.get("flops", 0.0)), model_flops_per_step=model_step_flops,
+      xla_flops_per_device=float(cost.get("flops", 0.0)), model_flops_per_step=model_step_flops, xla_cost_of=cost_of,
       xla_estimated_step_seconds=float(est) if est and est > 0 else None,
       roofline_step_seconds_at_100pct_mfu=model_step_flops / peak,
   )
@@ -117,7 +138,8 @@ def format_report(r: dict) -> str:
       f"per-device memory: arguments {r['arguments_gib']:.2f} GiB + temporaries {r['temporaries_gib']:.2f} GiB "
       f"+ outputs {r['outputs_gib']:.2f} GiB - aliased {r['aliased_gib']:.2f} GiB = {r['total_gib']:.2f} GiB "
       f"of {r['hbm_gib']:.0f} GiB HBM",
-      f"FLOPs per step: {r['model_flops_per_step']:.3e} (model), {r['xla_flops_per_device']:.3e} per device (XLA)",
+      f"FLOPs per step: {r['model_flops_per_step']:.3e} (model), {r['xla_flops_per_device']:.3e} per device "
+      f"(XLA, {r['xla_cost_of']})",
   ]
   est = r["xla_estimated_step_seconds"]
   lines.append(f"XLA estimated step time: {est:.4f} s" if est else "XLA estimated step time: not reported by this libtpu")
@@ -131,7 +153,7 @@ def format_report(r: dict) -> str:
 @cli
 def main(argv):
   del argv
-  report = compile_for(_CONFIG.value, parse_topology(_TOPOLOGY.value))
+  report = compile_for(_CONFIG.value, parse_topology(_TOPOLOGY.value), _UNROLLED.value)
   print(json.dumps(report) if _JSON.value else format_report(report))
 
 

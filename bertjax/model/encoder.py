@@ -25,6 +25,13 @@ SHARING_MODES = ("none", "all", "attention", "ffn")
 # backward pass), ~10% of a 2-layer CPU step, while a few unrolled layers add little compile time. Deeper
 # models keep the rolled loop, so their compile time stays flat in depth.
 UNROLL_MAX_LAYERS = 4
+
+
+def layers_per_iteration(c) -> int:
+  """How many layers one iteration of the layer scan runs (its `unroll`)."""
+  return c.scan_unroll or (c.num_layers if c.num_layers <= UNROLL_MAX_LAYERS else 1)
+
+
 REMAT_POLICIES = {
     "none": None,  # keep every activation: fastest, most memory
     "full": jax.checkpoint_policies.nothing_saveable,  # recompute the whole layer in the backward pass
@@ -55,6 +62,7 @@ class EncoderConfig:
   remat: str = "none"  # key of REMAT_POLICIES
   activation: str = "gelu"  # gelu (exact erf, BERT) | gelu_new (tanh approximation, HF ALBERT checkpoints)
   position_offset: int = 0  # first position id (HF RoBERTa counts from padding_idx + 1 = 2)
+  scan_unroll: int = 0  # layers per scan iteration; 0: all of them up to UNROLL_MAX_LAYERS, else 1
 
   @property
   def head_dim(self) -> int:
@@ -384,7 +392,7 @@ class Encoder(nn.Module):
         in_axes=(0, nn.broadcast, nn.broadcast),
         length=c.num_layers,
         metadata_params={nn.PARTITION_NAME: sh.LAYERS},
-        unroll=c.num_layers if c.num_layers <= UNROLL_MAX_LAYERS else 1,
+        unroll=layers_per_iteration(c),
     )
     x, _ = scanned(c, self.deterministic, name="layers")(
         x, jnp.arange(c.num_layers), attention_bias(groups), shared)
