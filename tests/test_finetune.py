@@ -104,3 +104,18 @@ def test_tiny_model_learns_a_generated_pair_task(tmp_path, capsys):
   saved = json.load(open(tmp_path / "ft" / "results.json"))
   assert saved["per_seed"] == results["per_seed"]
   assert os.path.exists(tmp_path / "ft" / "seed_1" / "metrics.jsonl")
+
+
+def test_a_workdir_without_a_pooler_has_no_extra_pooler(tmp_path):
+  """ELECTRA and RoBERTa checkpoints have no pooler: fine-tuning must start a fresh one, not an abstract one."""
+  from bertjax import checkpoint
+  from bertjax.interop import workdir
+
+  ckpt = checkpoint.Checkpointer(str(tmp_path))
+  params = {"pooler": {"kernel": np.ones((4, 4), np.float32), "bias": np.zeros(4, np.float32)}}
+  ckpt.save(1, {"params": {"encoder": {"w": np.ones(3, np.float32)}}, "step": np.int32(1)}, {}, force=True)
+  ckpt.wait()
+  assert workdir._extra_pooler(str(tmp_path), 4) is None
+  ckpt.save(2, {"params": {**params, "encoder": {"w": np.ones(3, np.float32)}}, "step": np.int32(2)}, {}, force=True)
+  ckpt.close()
+  np.testing.assert_array_equal(workdir._extra_pooler(str(tmp_path), 4)["kernel"], params["pooler"]["kernel"])

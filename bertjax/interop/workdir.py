@@ -89,9 +89,12 @@ def _extra_pooler(workdir: str, hidden: int):
   target = {"pooler": {"kernel": jax.ShapeDtypeStruct((hidden, hidden), np.float32),
                        "bias": jax.ShapeDtypeStruct((hidden,), np.float32)}}
   try:
-    return jax.tree.map(np.asarray, checkpoint.restore_params(workdir, target))["pooler"]
+    pooler = checkpoint.restore_params(workdir, target)["pooler"]
   except Exception:  # orbax raises various types for a key the checkpoint lacks: no pooler saved
     return None
+  if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(pooler)):
+    return None  # a partial restore leaves a key the checkpoint lacks abstract: no pooler saved
+  return jax.tree.map(np.asarray, pooler)
 
 
 def _manifest(workdir: str) -> dict:
