@@ -21,8 +21,8 @@ from bertjax.errors import UserError, cli, run
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:large", lock_config=True)
 _TOPOLOGY = flags.DEFINE_string("topology", "v4-8", "TPU slice: v4-8, v4-32, v5e-8, v5e-16, v5p-8, v6e-8, ...")
 _JSON = flags.DEFINE_bool("json", False, "print one JSON object instead of the table")
-_UNROLLED = flags.DEFINE_bool("unrolled_estimate", True, "for XLA's FLOPs and step-time estimate, compile the step "
-                              "a second time with the layers unrolled (XLA costs a loop body once)")
+_UNROLLED = flags.DEFINE_bool("unrolled_estimate", True, "XLA's FLOPs and step-time estimate for a model whose layers "
+                              "run as a rolled scan (XLA costs a loop body once): from two shallow unrolled compiles")
 flags.mark_flags_as_required(["config"])
 
 # Per generation: jax topology prefix, HBM per chip (GiB), how slice names count (cores or chips),
@@ -89,9 +89,26 @@ def _cost(compiled) -> dict:
   return cost[0] if isinstance(cost, (list, tuple)) else cost
 
 
+def _depth_extrapolated_cost(config, mesh) -> dict:
+  """XLA's cost of the train step at the config's depth, for a model whose layers run as a rolled scan.
+
+  XLA costs a loop body once (and may estimate no time for a program with a loop), and compiling every
+  layer unrolled takes long for deep models. Layers are identical, so the cost is linear in depth:
+  compile the step unrolled at depths g and 2g (g = ALBERT's groups, else 1) and extrapolate."""
+  g = config.model.num_hidden_groups if config.model.sharing != "none" else 1
+  costs = []
+  for depth in (g, 2 * g):
+    c = config.copy_and_resolve_references()
+    c.model.num_layers = c.model.scan_unroll = depth
+    costs.append(_cost(_compile(c, mesh)[1]))
+  scale = (config.model.num_layers - g) / g
+  return {k: costs[0][k] + scale * (costs[1][k] - costs[0][k]) for k in costs[0]
+          if k in costs[1] and "{" not in k and costs[0][k] >= 0 and costs[1][k] >= 0}
+
+
 def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
   """Lowers and compiles the real train step for topology `t`; returns the figures. With
-  `unrolled_estimate`, XLA's FLOPs and step time come from a second compile with the layers unrolled."""
+  `unrolled_estimate`, XLA's FLOPs and step time of a scanned model come from `_depth_extrapolated_cost`."""
   from bertjax import config as config_lib, flops, sharding
   from bertjax.model.encoder import layers_per_iteration
 
@@ -104,11 +121,7 @@ def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
   mem = compiled.memory_analysis()
   cost, cost_of = _cost(compiled), "train step"
   if unrolled_estimate and layers_per_iteration(steps.model.cfg) < steps.model.cfg.num_layers:
-    # XLA costs a loop body once (and may estimate no time for a program with a loop): cost the same step
-    # with the layer scan unrolled. Memory stays the real, scanned step's.
-    unrolled = config.copy_and_resolve_references()
-    unrolled.model.scan_unroll = config.model.num_layers
-    cost, cost_of = _cost(_compile(unrolled, mesh)[1]), "train step, layers unrolled"
+    cost, cost_of = _depth_extrapolated_cost(config, mesh), "train step, extrapolated from unrolled depths"
   gib = 1024**3
   args, temp, out, alias = (getattr(mem, f"{k}_size_in_bytes", 0) for k in ("argument", "temp", "output", "alias"))
   total = args + temp + out - alias

@@ -20,17 +20,27 @@ def test_topology_names_map_to_chip_grids():
     aot.parse_topology("tpu-8")
 
 
-def test_aot_compiles_the_train_step_for_a_v4_slice():
+def _aot(*flags):
   cmd = [sys.executable, "-m", "bertjax.aot", "--config=configs/bert.py:tiny", "--topology=v4-8", "--json",
-         *[f for f in MICRO_FLAGS if "dupe_factor" not in f and "warmup" not in f], "--config.sharding=fsdp", "--config.model.num_layers=5"]
+         *[f for f in MICRO_FLAGS if "dupe_factor" not in f and "warmup" not in f], "--config.sharding=fsdp",
+         "--config.model.num_layers=5", *flags]
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "could not determine TPU" not in proc.stderr, proc.stderr[-3000:]  # libtpu told the slice
-  report = json.loads(proc.stdout.strip().splitlines()[-1])
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_aot_compiles_the_train_step_for_a_v4_slice():
+  report = _aot()
   assert report["devices"] == 4 and report["mesh"]["fsdp"] == 4 and report["fits"]
   assert 0 < report["total_gib"] < report["hbm_gib"] == 32
-  # 5 layers run as a rolled scan, whose body XLA would cost once: the FLOPs come from an unrolled compile,
-  # and each device's are a quarter of the step's (batch-sharded), near the analytic count.
-  assert report["xla_cost_of"] == "train step, layers unrolled"
+  assert report["xla_estimated_step_seconds"] > 0
+  # 5 layers run as a rolled scan, whose body XLA costs once: the cost is extrapolated from depths 1 and 2,
+  # and equals XLA's cost of the step compiled with all 5 layers unrolled.
+  assert report["xla_cost_of"] == "train step, extrapolated from unrolled depths"
+  unrolled = _aot("--config.model.scan_unroll=5")
+  assert unrolled["xla_cost_of"] == "train step"
+  assert report["xla_flops_per_device"] == pytest.approx(unrolled["xla_flops_per_device"], rel=1e-3)
+  assert report["xla_estimated_step_seconds"] == pytest.approx(unrolled["xla_estimated_step_seconds"], rel=0.1)
+  # Each device's FLOPs are a quarter of the step's (batch-sharded), near the analytic count.
   assert 0.8 < 4 * report["xla_flops_per_device"] / report["model_flops_per_step"] < 2.0
-  assert report["xla_estimated_step_seconds"] is None or report["xla_estimated_step_seconds"] > 0
