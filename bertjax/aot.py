@@ -26,13 +26,13 @@ _UNROLLED = flags.DEFINE_bool("unrolled_estimate", True, "XLA's FLOPs and step-t
 flags.mark_flags_as_required(["config"])
 
 # Per generation: jax topology prefix, HBM per chip (GiB), how slice names count (cores or chips),
-# chips per host, peak bf16 FLOP/s per chip.
+# chips per host, peak bf16 FLOP/s and HBM bytes/s per chip (Cloud TPU's published figures).
 GENERATIONS = {
-    "v4": dict(prefix="v4", hbm_gib=32, per_chip=2, chips_per_host=4, peak=275e12),
-    "v5p": dict(prefix="v5p", hbm_gib=95, per_chip=2, chips_per_host=4, peak=459e12),
-    "v5e": dict(prefix="v5e", hbm_gib=16, per_chip=1, chips_per_host=8, peak=197e12),
-    "v5litepod": dict(prefix="v5e", hbm_gib=16, per_chip=1, chips_per_host=8, peak=197e12),
-    "v6e": dict(prefix="v6e", hbm_gib=32, per_chip=1, chips_per_host=8, peak=918e12),
+    "v4": dict(prefix="v4", hbm_gib=32, per_chip=2, chips_per_host=4, peak=275e12, hbm_bw=1.2e12),
+    "v5p": dict(prefix="v5p", hbm_gib=95, per_chip=2, chips_per_host=4, peak=459e12, hbm_bw=2.76e12),
+    "v5e": dict(prefix="v5e", hbm_gib=16, per_chip=1, chips_per_host=8, peak=197e12, hbm_bw=0.819e12),
+    "v5litepod": dict(prefix="v5e", hbm_gib=16, per_chip=1, chips_per_host=8, peak=197e12, hbm_bw=0.819e12),
+    "v6e": dict(prefix="v6e", hbm_gib=32, per_chip=1, chips_per_host=8, peak=918e12, hbm_bw=1.64e12),
 }
 # Chip grids for the slice sizes jax's topology descriptions accept (3-D tori for v4/v5p, 2-D for v5e/v6e).
 GRIDS_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4), 128: (4, 4, 8),
@@ -102,8 +102,12 @@ def _depth_extrapolated_cost(config, mesh) -> dict:
     c.model.num_layers = c.model.scan_unroll = depth
     costs.append(_cost(_compile(c, mesh)[1]))
   scale = (config.model.num_layers - g) / g
-  return {k: costs[0][k] + scale * (costs[1][k] - costs[0][k]) for k in costs[0]
-          if k in costs[1] and "{" not in k and costs[0][k] >= 0 and costs[1][k] >= 0}
+  extrapolated = {}
+  for k in ("flops", "optimal_seconds", "bytes accessed"):
+    a, b = costs[0].get(k, -1.0), costs[1].get(k, -1.0)
+    if 0 < a < b:  # XLA's TPU cost analysis can come out negative or shrink with depth: then it is unusable
+      extrapolated[k] = a + scale * (b - a)
+  return extrapolated
 
 
 def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
@@ -138,9 +142,12 @@ def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
       sharding=config.sharding, global_batch=config.batch_size, seq_len=config.seq_len,
       arguments_gib=args / gib, temporaries_gib=temp / gib, outputs_gib=out / gib, aliased_gib=alias / gib,
       total_gib=total / gib, hbm_gib=hbm / gib, fits=total <= hbm,
-      xla_flops_per_device=float(cost.get("flops", 0.0)), model_flops_per_step=model_step_flops, xla_cost_of=cost_of,
+      xla_flops_per_device=float(cost["flops"]) if cost.get("flops", 0) > 0 else None, model_flops_per_step=model_step_flops, xla_cost_of=cost_of,
       xla_estimated_step_seconds=float(est) if est and est > 0 else None,
       roofline_step_seconds_at_100pct_mfu=model_step_flops / peak,
+      # Per device: XLA's FLOPs at the chip's peak or XLA's bytes at its HBM bandwidth, whichever is slower.
+      roofline_step_seconds_xla=(max(cost["flops"] / t["peak"], cost.get("bytes accessed", 0) / t["hbm_bw"])
+                                 if cost.get("flops", 0) > 0 else None),
   )
 
 
@@ -151,12 +158,17 @@ def format_report(r: dict) -> str:
       f"per-device memory: arguments {r['arguments_gib']:.2f} GiB + temporaries {r['temporaries_gib']:.2f} GiB "
       f"+ outputs {r['outputs_gib']:.2f} GiB - aliased {r['aliased_gib']:.2f} GiB = {r['total_gib']:.2f} GiB "
       f"of {r['hbm_gib']:.0f} GiB HBM",
-      f"FLOPs per step: {r['model_flops_per_step']:.3e} (model), {r['xla_flops_per_device']:.3e} per device "
-      f"(XLA, {r['xla_cost_of']})",
+      f"FLOPs per step: {r['model_flops_per_step']:.3e} (model), "
+      + (f"{r['xla_flops_per_device']:.3e} per device (XLA, {r['xla_cost_of']})" if r["xla_flops_per_device"]
+         else f"XLA's count unusable ({r['xla_cost_of']})"),
   ]
   est = r["xla_estimated_step_seconds"]
-  lines.append(f"XLA estimated step time: {est:.4f} s" if est else "XLA estimated step time: not reported by this libtpu")
-  lines.append(f"step time at 100% MFU: {r['roofline_step_seconds_at_100pct_mfu']:.4f} s")
+  lines.append(f"XLA estimated step time: {est:.4f} s" if est else
+               "XLA estimated step time: none (XLA's cost analysis gave no positive estimate for this program)")
+  lines.append(f"step time at 100% MFU: {r['roofline_step_seconds_at_100pct_mfu']:.4f} s (model FLOPs at peak)")
+  if r["roofline_step_seconds_xla"]:
+    lines.append(f"roofline step time: {r['roofline_step_seconds_xla']:.4f} s (XLA's FLOPs at peak or its bytes "
+                 "at HBM bandwidth, per device)")
   lines.append("FITS" if r["fits"] else f"DOES NOT FIT: needs {r['total_gib']:.1f} GiB per device, "
                f"has {r['hbm_gib']:.0f}; try --config.sharding=fsdp, --config.model.remat=full, "
                "a smaller --config.batch_size or --config.grad_accum_steps")
