@@ -46,7 +46,8 @@ def get_config(arg: str = "base"):
     tiny_on_demo(c)
     c.model.embedding_size = 64
     # LAMB scales each update to lr x the weight's norm; 0.02-std weights have small norms, so a short
-    # run needs a far larger rate than ALBERT's 0.00176 (measured on the demo corpus: the loss falls
-    # 0.02 in 30 steps at 2e-3, 0.08 at 1e-2, 0.59 at 5e-2).
-    c.learning_rate = 5e-2
+    # run needs a far larger rate than ALBERT's 0.00176. Full 600-step runs on the demo corpus, final
+    # eval mlm_accuracy / sop_accuracy: 0.131 / 0.66 at 1e-2, 0.129 / 0.40 at 2e-2, 0.045 / 0.51 at 5e-2
+    # (AdamW at BERT-tiny's 2e-3: 0.109 / 0.49).
+    c.learning_rate = 1e-2
   return c
