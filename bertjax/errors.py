@@ -1,6 +1,7 @@
 """The one exception type for user errors, and the CLI wrapper that turns it into a one-line message."""
 
 import functools
+import re
 import sys
 
 
@@ -27,12 +28,13 @@ def cli(main):
 
 def flag_error_line(e: Exception) -> str:
   """One line for a command-line error: a bad flag value, a config file that raised, an unknown key."""
-  import re
-
   lines = [line.strip() for line in str(e).splitlines() if line.strip()]
   last = lines[-1] if lines else type(e).__name__
   if isinstance(e, (AttributeError, KeyError)):  # ml_collections, for --config.<key> the config lacks
-    return f"no config key {last}: check the --config.* overrides against the config file"
+    key = re.search(r"(\w+)", str(e))
+    hint = re.search(r'Did you mean "(\w+)"', str(e))
+    return (f"no config key {key.group(1) if key else str(e)!r}"
+            + (f"; did you mean {hint.group(1)!r}?" if hint else ": check the --config.* overrides against the config file"))
   if isinstance(e, OSError):  # ml_collections, for a --config file it cannot load
     return f"cannot load the config file: {last}"
   flag = re.match(r"flag (--\S+?): ", lines[0]) if lines else None
