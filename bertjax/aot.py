@@ -121,7 +121,17 @@ def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
   mesh = sharding.make_mesh(config.sharding, devices=devices, overrides=dict(config.mesh))
   if config.batch_size % len(devices):
     raise UserError(f"batch_size={config.batch_size} is not divisible by the {len(devices)} devices of {t['name']}")
-  steps, compiled = _compile(config, mesh)
+  head = dict(topology=t["name"], jax_topology=t["topology"], devices=len(devices), mesh=dict(mesh.shape),
+              sharding=config.sharding, global_batch=config.batch_size, seq_len=config.seq_len,
+              hbm_gib=t["hbm_gib"])
+  try:
+    steps, compiled = _compile(config, mesh)
+  except Exception as e:  # the TPU compiler refuses a program that cannot fit: a result, not a crash
+    oom = re.search(r"Ran out of memory.*?required for (.+?) \(([\d.]+)([KMGT])\) exceeds available HBM", str(e))
+    if oom is None:
+      raise
+    needed = float(oom.group(2)) * 1024.0 ** "KMGT".index(oom.group(3)) / 1024**2
+    return dict(head, fits=False, needed_gib=needed, needed_for=oom.group(1))
   mem = compiled.memory_analysis()
   cost, cost_of = _cost(compiled), "train step"
   if unrolled_estimate and layers_per_iteration(steps.model.cfg) < steps.model.cfg.num_layers:
@@ -138,10 +148,9 @@ def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
   peak = t["peak"] * t["chips"]
   est = cost.get("optimal_seconds", 0.0)
   return dict(
-      topology=t["name"], jax_topology=t["topology"], devices=len(devices), mesh=dict(mesh.shape),
-      sharding=config.sharding, global_batch=config.batch_size, seq_len=config.seq_len,
+      head,
       arguments_gib=args / gib, temporaries_gib=temp / gib, outputs_gib=out / gib, aliased_gib=alias / gib,
-      total_gib=total / gib, hbm_gib=hbm / gib, fits=total <= hbm,
+      total_gib=total / gib, fits=total <= hbm,
       xla_flops_per_device=float(cost["flops"]) if cost.get("flops", 0) > 0 else None, model_flops_per_step=model_step_flops, xla_cost_of=cost_of,
       xla_estimated_step_seconds=float(est) if est and est > 0 else None,
       roofline_step_seconds_at_100pct_mfu=model_step_flops / peak,
@@ -151,10 +160,17 @@ def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
   )
 
 
+_TRY = "try --config.sharding=fsdp, --config.model.remat=full, a smaller --config.batch_size or --config.grad_accum_steps"
+
+
 def format_report(r: dict) -> str:
+  title = (f"topology {r['topology']} ({r['jax_topology']}, {r['devices']} devices), mesh {r['mesh']}, "
+           f"preset {r['sharding']}, batch {r['global_batch']} x {r['seq_len']}")
+  if "needed_gib" in r:  # the compiler refused it
+    return (f"{title}\nDOES NOT FIT: the TPU compiler needs {r['needed_gib']:.1f} GiB per device for "
+            f"{r['needed_for']}, has {r['hbm_gib']:.0f} GiB HBM; {_TRY}")
   lines = [
-      f"topology {r['topology']} ({r['jax_topology']}, {r['devices']} devices), mesh {r['mesh']}, preset {r['sharding']}, "
-      f"batch {r['global_batch']} x {r['seq_len']}",
+      title,
       f"per-device memory: arguments {r['arguments_gib']:.2f} GiB + temporaries {r['temporaries_gib']:.2f} GiB "
       f"+ outputs {r['outputs_gib']:.2f} GiB - aliased {r['aliased_gib']:.2f} GiB = {r['total_gib']:.2f} GiB "
       f"of {r['hbm_gib']:.0f} GiB HBM",
@@ -170,8 +186,7 @@ def format_report(r: dict) -> str:
     lines.append(f"roofline step time: {r['roofline_step_seconds_xla']:.4f} s (XLA's FLOPs at peak or its bytes "
                  "at HBM bandwidth, per device)")
   lines.append("FITS" if r["fits"] else f"DOES NOT FIT: needs {r['total_gib']:.1f} GiB per device, "
-               f"has {r['hbm_gib']:.0f}; try --config.sharding=fsdp, --config.model.remat=full, "
-               "a smaller --config.batch_size or --config.grad_accum_steps")
+               f"has {r['hbm_gib']:.0f}; {_TRY}")
   return "\n".join(lines)
 
 

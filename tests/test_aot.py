@@ -44,3 +44,14 @@ def test_aot_compiles_the_train_step_for_a_v4_slice():
   assert report["xla_estimated_step_seconds"] == pytest.approx(unrolled["xla_estimated_step_seconds"], rel=0.1)
   # Each device's FLOPs are a quarter of the step's (batch-sharded), near the analytic count.
   assert 0.8 < 4 * report["xla_flops_per_device"] / report["model_flops_per_step"] < 2.0
+
+
+def test_aot_says_plainly_when_a_config_does_not_fit():
+  cmd = [sys.executable, "-m", "bertjax.aot", "--config=configs/bert.py:tiny", "--topology=v5e-8",
+         "--config.batch_size=65536", "--config.seq_len=512"]
+  proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  verdict = proc.stdout.strip().splitlines()[-1]
+  assert verdict.startswith("DOES NOT FIT: the TPU compiler needs ") and "has 16 GiB HBM" in verdict, proc.stdout
+  needed = float(verdict.split("needs ")[1].split(" GiB")[0])
+  assert needed > 16
