@@ -18,12 +18,6 @@ from ml_collections import config_flags
 
 from bertjax.errors import UserError, cli, run
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:large", lock_config=True)
-_TOPOLOGY = flags.DEFINE_string("topology", "v4-8", "TPU slice: v4-8, v4-32, v5e-8, v5e-16, v5p-8, v6e-8, ...")
-_JSON = flags.DEFINE_bool("json", False, "print one JSON object instead of the table")
-_UNROLLED = flags.DEFINE_bool("unrolled_estimate", True, "XLA's FLOPs and step-time estimate for a model whose layers "
-                              "run as a rolled scan (XLA costs a loop body once): from two shallow unrolled compiles")
-flags.mark_flags_as_required(["config"])
 
 # Per generation: jax topology prefix, HBM per chip (GiB), how slice names count (cores or chips),
 # chips per host, peak bf16 FLOP/s and HBM bytes/s per chip (Cloud TPU's published figures).
@@ -190,12 +184,25 @@ def format_report(r: dict) -> str:
   return "\n".join(lines)
 
 
+def _define_flags():
+  """The CLI's flags, defined only when run as a program (so `import bertjax.aot` defines none)."""
+  config = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:large", lock_config=True)
+  topology = flags.DEFINE_string("topology", "v4-8", "TPU slice: v4-8, v4-32, v5e-8, v5e-16, v5p-8, v6e-8, ...")
+  as_json = flags.DEFINE_bool("json", False, "print one JSON object instead of the table")
+  unrolled = flags.DEFINE_bool("unrolled_estimate", True, "XLA's FLOPs and step-time estimate for a model whose "
+                               "layers run as a rolled scan (XLA costs a loop body once): from two shallow unrolled compiles")
+  flags.mark_flags_as_required(["config"])
+  return config, topology, as_json, unrolled
+
+
 @cli
 def main(argv):
   del argv
-  report = compile_for(_CONFIG.value, parse_topology(_TOPOLOGY.value), _UNROLLED.value)
-  print(json.dumps(report) if _JSON.value else format_report(report))
+  config, topology, as_json, unrolled = _FLAGS
+  report = compile_for(config.value, parse_topology(topology.value), unrolled.value)
+  print(json.dumps(report) if as_json.value else format_report(report))
 
 
 if __name__ == "__main__":
+  _FLAGS = _define_flags()
   run(main)

@@ -40,7 +40,7 @@ def test_aot_compiles_the_train_step_for_a_v4_slice():
   assert report["xla_cost_of"] == "train step, extrapolated from unrolled depths"
   unrolled = _aot("--config.model.scan_unroll=5")
   assert unrolled["xla_cost_of"] == "train step"
-  assert report["xla_flops_per_device"] == pytest.approx(unrolled["xla_flops_per_device"], rel=1e-3)
+  assert report["xla_flops_per_device"] == pytest.approx(unrolled["xla_flops_per_device"], rel=5e-3)
   assert report["xla_estimated_step_seconds"] == pytest.approx(unrolled["xla_estimated_step_seconds"], rel=0.1)
   # Each device's FLOPs are a quarter of the step's (batch-sharded), near the analytic count.
   assert 0.8 < 4 * report["xla_flops_per_device"] / report["model_flops_per_step"] < 2.0
