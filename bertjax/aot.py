@@ -145,7 +145,8 @@ def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
       head,
       arguments_gib=args / gib, temporaries_gib=temp / gib, outputs_gib=out / gib, aliased_gib=alias / gib,
       total_gib=total / gib, fits=total <= hbm,
-      xla_flops_per_device=float(cost["flops"]) if cost.get("flops", 0) > 0 else None, model_flops_per_step=model_step_flops, xla_cost_of=cost_of,
+      xla_flops_per_device=float(cost["flops"]) if cost.get("flops", 0) > 0 else None, xla_cost_of=cost_of,
+      model_flops_per_step=model_step_flops,
       xla_estimated_step_seconds=float(est) if est and est > 0 else None,
       roofline_step_seconds_at_100pct_mfu=model_step_flops / peak,
       # Per device: XLA's FLOPs at the chip's peak or XLA's bytes at its HBM bandwidth, whichever is slower.
