@@ -40,7 +40,7 @@ def _require(value, flag: str, command: str):
     raise UserError(f"{command} needs --{flag}")
 
 
-def run(command: str):
+def run_command(command: str):
   """Runs one CLI command with the flags' values."""
   if command == "import":
     _require(_HF_DIR.value, "hf_dir", command)
@@ -76,7 +76,7 @@ def run(command: str):
 def main(argv):
   if len(argv) != 2 or argv[1] not in COMMANDS:
     raise UserError(f"usage: python -m bertjax.hf {{{','.join(COMMANDS)}}} --FLAGS (got {' '.join(argv[1:]) or 'nothing'})")
-  run(argv[1])
+  run_command(argv[1])
 
 
 if __name__ == "__main__":

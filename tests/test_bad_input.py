@@ -96,3 +96,15 @@ def test_libtpu_without_a_tpu_prints_nothing(tmp_path):
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                         env={k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"})
   assert proc.returncode == 0 and proc.stdout.strip() == "cpu" and not proc.stderr.strip(), proc.stderr
+
+
+@pytest.mark.parametrize("module", ["train", "summary", "bench", "aot", "prepare", "finetune", "hf"])
+def test_every_cli_parses_its_flags_into_one_line_errors(module):
+  import subprocess
+  import sys
+
+  from conftest import REPO
+
+  proc = subprocess.run([sys.executable, "-m", f"bertjax.{module}", "--no_such_flag=1"], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  _one_line_error(proc, "no_such_flag")
