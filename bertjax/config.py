@@ -75,7 +75,7 @@ def defaults() -> ml_collections.ConfigDict:
       sample_temperature=1.0,  # ELECTRA: generator sampling temperature
       dtype="float32",  # compute dtype: float32 | bfloat16 (params stay float32)
       remat="none",  # none | full | dots | dots_no_batch
-      scan_unroll=0,  # layers per scan iteration (0: automatic); aot unrolls all to get XLA's full cost
+      scan_unroll=0,  # layers per scan iteration (0: automatic); aot's cost estimate unrolls shallow copies
       activation="gelu",  # gelu (exact) | gelu_new (tanh approximation; some HF checkpoints)
       position_offset=0,  # first position id (RoBERTa checkpoints: 2)
   )
@@ -118,7 +118,7 @@ def encoder_config(m, generator: bool = False) -> EncoderConfig:
       type_vocab_size=m.type_vocab_size, dropout=m.dropout, attention_dropout=m.attention_dropout,
       layer_norm_eps=m.layer_norm_eps, init_std=m.init_std, sharing=m.sharing,
       num_groups=m.num_hidden_groups if m.sharing != "none" else 1, dtype=DTYPES[m.dtype], remat=m.remat,
-      scan_unroll=m.get("scan_unroll", 0),  # absent from workdirs written before it existed
+      scan_unroll=m.scan_unroll,
       activation=m.activation, position_offset=m.position_offset)
 
 

@@ -1,8 +1,6 @@
 """Looking into a trained run: load its params and tokenizer, fill [MASK]s, recompute attention maps."""
 
 import dataclasses
-import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +10,7 @@ import numpy as np
 from bertjax import checkpoint, config as config_lib, sharding
 from bertjax.data.tokenizer import Tokenizer, load_tokenizer
 from bertjax.errors import UserError
+from bertjax.interop import convert, workdir as interop_workdir
 from bertjax.model.encoder import Embeddings, Layer, attention_bias, dense, shared_blocks
 
 
@@ -27,22 +26,14 @@ class Run:
 
 def load_run(workdir: str) -> Run:
   """The config, latest checkpointed params and tokenizer of a training workdir."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    raise UserError(f"{workdir!r} holds no config.json; point at the --workdir of a bertjax.train run")
-  with open(path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+  config = interop_workdir.load_config(workdir)
   ckpt = checkpoint.Checkpointer(workdir, async_save=False)
   step = ckpt.latest_step()
   if step is None:
     raise UserError(f"{workdir!r} holds no checkpoint yet; train longer or lower --config.checkpoint_every")
   manifest = ckpt.manifest(step)
   ckpt.close()
-  from bertjax import loop
-
-  model = loop.make_model(config)
-  init = lambda r: model.init({"params": r, "sample": r, "dropout": r}, loop.dummy_batch(config))["params"]
-  shapes = sharding.strip_boxes(jax.eval_shape(init, jax.random.key(0)))
+  shapes = convert.param_shapes(config)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), shapes)
   params = checkpoint.restore_params(workdir, abstract)

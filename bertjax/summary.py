@@ -9,10 +9,9 @@ import collections
 
 import jax
 from absl import flags
-from flax import linen as nn
 from ml_collections import config_flags
 
-from bertjax import config as config_lib, flops, sharding
+from bertjax import config as config_lib, flops
 from bertjax.errors import cli, run
 
 # Top-level modules of each network (ELECTRA); the rest of the models are one network.
@@ -21,13 +20,11 @@ DISCRIMINATOR = ("embeddings", "encoder", "rtd", "sentence")
 
 
 def param_shapes(config):
-  """The parameter shapes of the config's pretraining model (no memory allocated)."""
+  """(the config's pretraining model, its parameter shapes; no memory allocated)."""
   from bertjax import loop
+  from bertjax.interop import convert
 
-  model = loop.make_model(config)
-  variables = jax.eval_shape(lambda r: model.init({"params": r, "sample": r, "dropout": r},
-                                                  loop.dummy_batch(config)), jax.random.key(0))
-  return model, sharding.strip_boxes(variables["params"])
+  return loop.make_model(config), convert.param_shapes(config)
 
 
 def count(tree) -> int:

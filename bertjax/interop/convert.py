@@ -86,8 +86,7 @@ def _init_fn(config):
 
 
 def param_shapes(config):
-  """The Pretrainer's parameter tree as jax.ShapeDtypeStructs (nothing allocated). bertjax.summary has
-  the same, but importing it would define that CLI's required --config flag here."""
+  """The Pretrainer's parameter tree as jax.ShapeDtypeStructs (nothing allocated)."""
   return strip_boxes(jax.eval_shape(_init_fn(config), jax.random.key(0)))
 
 
