@@ -1,7 +1,6 @@
 """Ahead-of-time compilation for TPU topologies on this CPU machine (libtpu from the default install)."""
 
 import json
-import os
 import subprocess
 import sys
 
