@@ -162,7 +162,10 @@ class TorchProcess:
       self.proc = ctx.Process(target=torch_process, args=(child, spec, batch, threads), daemon=True)
       self.proc.start()
     finally:
-      os.environ.pop("BERTJAX_HOST_MALLOC") if saved is None else os.environ.update(BERTJAX_HOST_MALLOC=saved)
+      if saved is None:
+        del os.environ["BERTJAX_HOST_MALLOC"]
+      else:
+        os.environ["BERTJAX_HOST_MALLOC"] = saved
     self.info = self.conn.recv()
 
   def steps(self, n: int) -> list:
