@@ -3,9 +3,9 @@
 Same BERT config (float32), batch, sequence length and thread count; both train with dropout 0.1, MLM on
 15% of the tokens plus NSP, AdamW and gradient clipping at 1.0. bertjax runs its real jitted train step
 (masking on device included); PyTorch runs eager HF (its default attention), with the masked batch made
-once beforehand, as a data loader would. PyTorch runs in a process of its own, so each side runs as its
-users get it: bertjax with its host-memory policy (`bertjax/host.py`), PyTorch with glibc's default
-(`--torch_malloc=retain` gives it bertjax's), and neither's worker threads spin in the other's way. Steps
+once beforehand, as a data loader would. PyTorch runs in a process of its own, so that each side has its
+own glibc malloc policy (`bertjax/host.py`: `BERTJAX_HOST_MALLOC=retain` for bertjax's process,
+`--torch_malloc=retain` for PyTorch's) and neither's worker threads spin in the other's way. Steps
 of the two alternate in rounds, so both see the same machine load; the medians and their ratio are
 printed, then one JSON line. bertjax's MFU is against a 2048^3 float32 matmul timed between its steps,
 as `python -m bertjax.bench` does on CPU.
@@ -15,6 +15,7 @@ the `max_predictions` masked slots), so it does more FLOPs per token; `hf_flops_
 
   python benchmarks/vs_pytorch.py                        # tiny (batch 32) and base (batch 8), seq 128
   python benchmarks/vs_pytorch.py --variants=base --batch_size=8 --steps=5 --rounds=3
+  BERTJAX_HOST_MALLOC=retain python benchmarks/vs_pytorch.py --torch_malloc=retain   # README's figures
 """
 
 import json
@@ -43,7 +44,7 @@ _STEPS = flags.DEFINE_integer("steps", 5, "timed steps per side and round")
 _ROUNDS = flags.DEFINE_integer("rounds", 2, "rounds of alternating bertjax / PyTorch steps")
 _THREADS = flags.DEFINE_integer("threads", 0, "PyTorch intra-op threads (0: all cores, as XLA uses)")
 _TORCH_MALLOC = flags.DEFINE_enum("torch_malloc", "default", ["default", "retain"],
-                                  "the PyTorch process's glibc malloc policy: its default, or bertjax's")
+                                  "the PyTorch process's glibc malloc policy (bertjax/host.py)")
 
 
 def bert_config(variant: str, batch_size: int, seq_len: int):
