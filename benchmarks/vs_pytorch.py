@@ -190,11 +190,10 @@ def hf_flops_per_token(config) -> float:
   return flops.train_flops_per_token(cfg, config.seq_len, config.seq_len, sentence_head=True)
 
 
-def compare(variant: str, batch_size: int, seq_len: int, steps: int, rounds: int, torch_side: TorchProcess) -> dict:
-  """Side-by-side medians of one variant's train step in bertjax and in PyTorch (`torch_side`, already
-  holding this variant's model); bertjax's MFU is against a 2048^3 float32 XLA matmul timed between its
+def compare(config, steps: int, rounds: int, torch_side: TorchProcess) -> dict:
+  """Side-by-side medians of one `bert_config`'s train step in bertjax and in PyTorch (`torch_side`,
+  already holding its model); bertjax's MFU is against a 2048^3 float32 XLA matmul timed between its
   steps (same machine load)."""
-  config = bert_config(variant, batch_size, seq_len)
   b = bench.setup(config)
   compiled, compile_seconds = bench.compile_step(b)
   state = b.steps.init(jax.random.key(0))
@@ -211,19 +210,20 @@ def compare(variant: str, batch_size: int, seq_len: int, steps: int, rounds: int
   tokens, peak = b.batch_size * b.seq_len, probe.flops_per_sec()
   jax_tps, torch_tps = tokens / statistics.median(jax_times), tokens / statistics.median(torch_times)
   del state
+  hf_flops = hf_flops_per_token(config)
   return dict(
-      variant=variant, batch_size=b.batch_size, seq_len=b.seq_len, torch_threads=torch_side.info["threads"],
+      batch_size=b.batch_size, seq_len=b.seq_len, torch_threads=torch_side.info["threads"],
       bertjax_tokens_per_sec=jax_tps, torch_tokens_per_sec=torch_tps, ratio=jax_tps / torch_tps,
       bertjax_step_seconds=statistics.median(jax_times), torch_step_seconds=statistics.median(torch_times),
       bertjax_compile_seconds=compile_seconds, bertjax_flops_per_token=b.flops_per_token,
-      hf_flops_per_token=hf_flops_per_token(config), bertjax_mfu=jax_tps * b.flops_per_token / peak,
-      torch_mfu_hf_flops=torch_tps * hf_flops_per_token(config) / peak, xla_matmul_flops_per_sec=peak,
+      hf_flops_per_token=hf_flops, bertjax_mfu=jax_tps * b.flops_per_token / peak,
+      torch_mfu_hf_flops=torch_tps * hf_flops / peak, xla_matmul_flops_per_sec=peak,
   )
 
 
-def torch_side(variant: str, batch_size: int, seq_len: int) -> TorchProcess:
-  """A PyTorch process holding `variant`'s model and the masked synthetic batch bertjax also trains on."""
-  config = bert_config(variant, batch_size, seq_len)
+def torch_side(config) -> TorchProcess:
+  """A PyTorch process holding the config's model and the masked synthetic batch bertjax also trains on
+  (`bench.setup` draws the same one)."""
   batch = torch_batch(config, bench.synthetic_batch(config, config.batch_size))
   return TorchProcess(torch_spec(config), batch, _THREADS.value or os.cpu_count(), _TORCH_MALLOC.value)
 
@@ -232,13 +232,14 @@ def main(argv):
   del argv
   results, peak, torch_peak = [], bench.matmul_peak(), None
   for variant in _VARIANTS.value:
-    side = torch_side(variant, _BATCH.value, _SEQ.value)
+    config = bert_config(variant, _BATCH.value, _SEQ.value)
+    side = torch_side(config)
     if torch_peak is None:
       torch_peak = side.matmul_peak()
       print(f"device {jax.devices()[0].device_kind}, {os.cpu_count()} cores, torch {side.info['version']} "
             f"with {side.info['threads']} threads in its own process (malloc: {_TORCH_MALLOC.value}); "
             f"2048^3 f32 matmul: XLA {peak / 1e9:.0f} GFLOP/s, PyTorch {torch_peak / 1e9:.0f} GFLOP/s", flush=True)
-    r = compare(variant, _BATCH.value, _SEQ.value, _STEPS.value, _ROUNDS.value, side)
+    r = dict(variant=variant, **compare(config, _STEPS.value, _ROUNDS.value, side))
     side.close()
     results.append(r)
     print(f"{variant:>6} batch {r['batch_size']} x {r['seq_len']}: bertjax {r['bertjax_tokens_per_sec']:8.0f} tok/s "

@@ -27,29 +27,32 @@ def _tpu_chips() -> int:
   return hardware_utils.num_available_tpu_chips_and_device_id()[0]
 
 
-def runs_on_cpu() -> bool:
-  """Whether JAX will pick the CPU backend, judged without starting one: the platform chosen by
-  JAX_PLATFORMS or jax_platforms, else none of a PJRT plugin (GPU), or libtpu with a TPU chip."""
+def _chosen_platform() -> str | None:
   import jax
 
-  chosen = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms
-  if chosen:
-    return chosen.split(",")[0] == "cpu"
+  return os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms
+
+
+def _falls_back_to_cpu() -> bool:
+  """With no platform chosen, whether JAX ends up on the CPU: no PJRT plugin (GPU), and no libtpu or no
+  TPU chip for it."""
   if importlib.util.find_spec("jax_plugins") is not None:
     return False
   return importlib.util.find_spec("libtpu") is None or _tpu_chips() == 0
 
 
+def runs_on_cpu() -> bool:
+  """Whether JAX will pick the CPU backend, judged without starting one."""
+  chosen = _chosen_platform()
+  return chosen.split(",")[0] == "cpu" if chosen else _falls_back_to_cpu()
+
+
 def _cpu_when_libtpu_has_no_tpu():
   """JAX would try libtpu's backend first, warn, and fall back to the CPU: say "cpu" up front when
-  nothing else chose the platform (JAX_PLATFORMS unset, no GPU plugin) and the host has no TPU chip."""
-  if os.environ.get("JAX_PLATFORMS") or importlib.util.find_spec("libtpu") is None:
-    return
-  if importlib.util.find_spec("jax_plugins") is not None:  # a GPU (or other) PJRT plugin: leave JAX to choose
-    return
-  import jax
+  nothing chose the platform, libtpu is installed and JAX would fall back to the CPU anyway."""
+  if _chosen_platform() is None and importlib.util.find_spec("libtpu") is not None and _falls_back_to_cpu():
+    import jax
 
-  if _tpu_chips() == 0 and jax.config.jax_platforms is None:
     jax.config.update("jax_platforms", "cpu")
 
 
@@ -67,7 +70,7 @@ def retain_host_memory() -> bool:
   except (OSError, AttributeError):
     return False
   settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1))
-  return all([mallopt(param, value) == 1 for param, value in settings])
+  return all([mallopt(param, value) == 1 for param, value in settings])  # a list: apply all three
 
 
 def setup():
