@@ -8,7 +8,7 @@ combination is a command-line change: `--config.objectives.sop=1 --config.object
 import jax.numpy as jnp
 import ml_collections
 
-from bertjax import masking
+from bertjax import masking, optim
 from bertjax.errors import UserError
 from bertjax.model.encoder import REMAT_POLICIES, SHARING_MODES, EncoderConfig
 
@@ -89,7 +89,7 @@ def defaults() -> ml_collections.ConfigDict:
       eps=1e-6,
       weight_decay=0.01,  # not applied to biases and LayerNorm
       clip_norm=1.0,  # global gradient norm
-      schedule="linear",  # linear warmup then linear | cosine decay to 0
+      schedule="linear",  # linear (BERT/ALBERT) | linear_after_warmup (RoBERTa) | electra | cosine: bertjax.optim
   )
   # Logging, checkpoints, eval.
   c.log_every = 100
@@ -167,8 +167,8 @@ def validate(config):
   _check(m.type_vocab_size >= 2 or not ({"nsp", "sop"} & set(objectives)),
          "NSP/SOP pairs need model.type_vocab_size >= 2")
   _check(config.optimizer.name in ("adamw", "lamb"), f"optimizer.name={config.optimizer.name!r}; use adamw or lamb")
-  _check(config.optimizer.schedule in ("linear", "cosine"),
-         f"optimizer.schedule={config.optimizer.schedule!r}; use linear or cosine")
+  _check(config.optimizer.schedule in optim.SCHEDULES,
+         f"optimizer.schedule={config.optimizer.schedule!r}; use one of {', '.join(optim.SCHEDULES)}")
   _check(config.batch_size % config.grad_accum_steps == 0,
          f"batch_size={config.batch_size} is not divisible by grad_accum_steps={config.grad_accum_steps}")
   _check(0 <= config.warmup_steps <= config.total_steps,

@@ -2,10 +2,12 @@
 
 `train_step(state, batch, ...) -> (state, metrics)` is a module-level function with everything static
 bound by `functools.partial`; the loop jits it once with explicit shardings and donated state. All
-randomness is `fold_in(seed, step)`, so a step is a pure function of (state, batch).
+randomness comes from named streams of (seed, step) (`stream_key`), so a step is a pure function of
+(state, batch) and no two uses of randomness share a key.
 """
 
 import dataclasses
+import zlib
 from typing import Any
 
 import flax
@@ -16,7 +18,25 @@ from flax import linen as nn
 
 from bertjax import masking, objectives
 
-RNG_MASK, RNG_DROPOUT, RNG_SAMPLE, RNG_EVAL = 0, 1, 2, 3
+# Every random use in a step has its own stream; a stream's key is folded from (seed, step, the stream's
+# name, microbatch index), so streams cannot collide by sharing a small integer (the masking key was once
+# microbatch 0's dropout base key). Eval streams are separate names with a fixed seed: eval masks depend only
+# on the eval batch index, the same for every run.
+STREAMS = ("masking", "dropout", "sample", "eval/masking", "eval/sample")
+EVAL_SEED = 0
+
+
+def stream_key(seed: int, step, stream: str, index=0):
+  """The key of the named random `stream` at (seed, step); `index` numbers microbatches."""
+  if stream not in STREAMS:
+    raise ValueError(f"unknown random stream {stream!r}; add it to STREAMS")
+  key = jax.random.fold_in(jax.random.key(seed), step)
+  return jax.random.fold_in(jax.random.fold_in(key, zlib.crc32(stream.encode())), index)
+
+
+def model_rngs(seed: int, step, microbatch=0) -> dict:
+  """The model's rng collections for one microbatch of a training step: dropout and ELECTRA sampling."""
+  return {"dropout": stream_key(seed, step, "dropout", microbatch), "sample": stream_key(seed, step, "sample", microbatch)}
 
 
 @flax.struct.dataclass
@@ -48,11 +68,14 @@ def apply_masking(rng, batch, cfg: StepConfig):
   return out
 
 
-def _loss_fn(params, batch, rng, model, cfg: StepConfig, deterministic: bool, denominators=None):
+def training_batch(batch, step, cfg: StepConfig):
+  """The masked batch that `train_step` trains on at `step` (also what a reference implementation is fed)."""
+  return apply_masking(stream_key(cfg.seed, step, "masking"), batch, cfg)
+
+
+def _loss_fn(params, batch, rngs, model, cfg: StepConfig, deterministic: bool, denominators=None):
   """Total loss and metrics of an already masked batch (`denominators`: see objectives.total_loss)."""
-  r_drop, r_sample = jax.random.fold_in(rng, RNG_DROPOUT), jax.random.fold_in(rng, RNG_SAMPLE)
-  outputs = model.clone(deterministic=deterministic).apply(
-      {"params": params}, batch, rngs={"dropout": r_drop, "sample": r_sample})
+  outputs = model.clone(deterministic=deterministic).apply({"params": params}, batch, rngs=rngs)
   return objectives.total_loss(dict(cfg.objectives), outputs, batch, denominators)
 
 
@@ -72,14 +95,14 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
   A non-finite loss or gradient norm skips the update (params and optimizer state unchanged) and
   reports `skipped` = 1.
   """
-  rng = jax.random.fold_in(jax.random.key(cfg.seed), state.step)
-  batch = apply_masking(jax.random.fold_in(rng, RNG_MASK), batch, cfg)
+  batch = training_batch(batch, state.step, cfg)
   denominators = objectives.counts(dict(cfg.objectives), batch)
   grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
   k = cfg.grad_accum_steps
 
   def micro(i, mb):
-    (_, metrics), grads = grad_fn(state.params, mb, jax.random.fold_in(rng, i), model, cfg, False, denominators)
+    (_, metrics), grads = grad_fn(state.params, mb, model_rngs(cfg.seed, state.step, i), model, cfg, False,
+                                     denominators)
     return grads, metrics
 
   if k == 1:
@@ -123,7 +146,6 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
 def eval_step(params, batch, index, *, model: nn.Module, cfg: StepConfig):
   """Metric sums on one eval batch; its masks depend only on the batch index, so every eval of a run
   (and of runs with other seeds) scores the same masked positions."""
-  rng = jax.random.fold_in(jax.random.key(RNG_EVAL), index)
-  batch = apply_masking(jax.random.fold_in(rng, RNG_MASK), batch, cfg)
-  _, metrics = _loss_fn(params, batch, rng, model, cfg, True)
+  batch = apply_masking(stream_key(EVAL_SEED, index, "eval/masking"), batch, cfg)
+  _, metrics = _loss_fn(params, batch, {"sample": stream_key(EVAL_SEED, index, "eval/sample")}, model, cfg, True)
   return metrics

@@ -38,8 +38,10 @@ def get_config(arg: str = "base"):
   c.model.dtype = "bfloat16"
   # Objectives: MLM + SOP.
   c.objectives.mlm, c.objectives.sop = 1.0, 1.0
-  # Optimizer: LAMB with the same decay mask as AdamW.
+  # Optimizer: LAMB (google-research/albert lamb_optimizer.py: no bias correction, biases and LayerNorm
+  # excluded from decay and layer adaptation), decay 0.01, clip 1.0, BERT's warmup + linear decay.
   c.optimizer.name, c.optimizer.b2, c.optimizer.weight_decay = "lamb", 0.999, 0.01
+  c.optimizer.schedule = "linear"
   c.log_every, c.eval_every, c.checkpoint_every = 100, 10_000, 5_000
 
   if arg == "tiny":

@@ -32,8 +32,10 @@ def get_config(arg: str = "base"):
   c.model.dtype = "bfloat16"
   # Objectives: MLM + NSP.
   c.objectives.mlm, c.objectives.nsp = 1.0, 1.0
-  # Optimizer: AdamW, decay 0.01, clip 1.0.
+  # Optimizer: AdamW, decay 0.01, clip 1.0; warmup then linear decay to 0 at total_steps
+  # (google-research/bert optimization.py: polynomial_decay over num_train_steps, warmup overriding its start).
   c.optimizer.name, c.optimizer.b2, c.optimizer.weight_decay = "adamw", 0.999, 0.01
+  c.optimizer.schedule = "linear"
   c.log_every, c.eval_every, c.checkpoint_every = 100, 10_000, 10_000
 
   if arg == "tiny":

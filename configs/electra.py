@@ -39,8 +39,9 @@ def get_config(arg: str = "small"):
   c.model.dtype = "bfloat16"
   # Objectives: generator MLM (weight 1) + discriminator RTD (weight 50). No sentence objective.
   c.objectives.mlm, c.objectives.rtd = 1.0, 50.0
-  # Optimizer: AdamW.
+  # Optimizer: AdamW; warmup *multiplies* the linear decay (google-research/electra model/optimization.py).
   c.optimizer.name, c.optimizer.b2, c.optimizer.weight_decay = "adamw", 0.999, 0.01
+  c.optimizer.schedule = "electra"
   c.log_every, c.eval_every, c.checkpoint_every = 100, 10_000, 10_000
 
   if arg == "tiny":

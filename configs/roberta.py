@@ -36,8 +36,9 @@ def get_config(arg: str = "base"):
   c.model.dtype = "bfloat16"
   # Objectives: MLM only (dynamic masking is how bertjax always masks).
   c.objectives.mlm = 1.0
-  # Optimizer: Adam betas (0.9, 0.98).
+  # Optimizer: Adam betas (0.9, 0.98); fairseq's polynomial_decay, which decays over the steps after warmup.
   c.optimizer.name, c.optimizer.b2, c.optimizer.eps, c.optimizer.weight_decay = "adamw", 0.98, 1e-6, 0.01
+  c.optimizer.schedule = "linear_after_warmup"
   c.log_every, c.eval_every, c.checkpoint_every = 100, 10_000, 10_000
 
   if arg == "tiny":

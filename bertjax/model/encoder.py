@@ -321,6 +321,12 @@ class FeedForward(nn.Module):
 BLOCKS = {"attention": Attention, "ffn": FeedForward}
 
 
+def is_stacked(path) -> bool:
+  """Whether the parameter at a tree path (jax key path) stacks one tensor per layer or per ALBERT group
+  on its leading axis: everything under a scanned `layers` scope or a shared block of the Encoder."""
+  return any(getattr(k, "key", None) in ("layers", *BLOCKS) for k in path)
+
+
 def shared_blocks(sharing: str) -> tuple[str, ...]:
   """Names of the blocks that the layers of a group share under a sharing mode."""
   return {"none": (), "all": ("attention", "ffn"), "attention": ("attention",), "ffn": ("ffn",)}[sharing]

@@ -58,7 +58,8 @@ class Pretrainer(nn.Module):
     optionally `position_ids` (packed examples).
 
     Returns mlm_logits [B, P, V] (the generator's under RTD), and as configured sentence_logits [B, 2],
-    rtd_logits [B, S] with rtd_labels [B, S] (1 where the corrupted token differs from the original).
+    rtd_logits [B, S] with rtd_labels [B, S] (1 where the corrupted token differs from the original) and
+    rtd_input_ids [B, S], the corrupted input the discriminator saw (unused outputs cost nothing under jit).
     """
     ids, types, groups = batch["input_ids"], batch["type_ids"], batch["groups"]
     positions = batch.get("position_ids")  # packed inputs restart positions per example
@@ -75,6 +76,7 @@ class Pretrainer(nn.Module):
       # "Replaced" only where the sample differs from the original: a generator that guesses the
       # original token has produced a real token, and the discriminator must call it original.
       out["rtd_labels"] = (corrupted != batch["original_ids"]).astype(jnp.int32)
+      out["rtd_input_ids"] = corrupted
       hidden = self.encode(corrupted, types, groups, positions)
       out["rtd_logits"] = self.rtd(hidden)
     if self.sentence_head:

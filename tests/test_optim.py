@@ -1,0 +1,189 @@
+"""bertjax.optim: decay mask on real parameter trees, the schedules against the reference formulas,
+clipping, and LAMB against a NumPy transcription of google-research/albert's lamb_optimizer.py."""
+
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import linen as nn
+
+from bertjax import optim
+from bertjax.interop import convert
+from bertjax.model.encoder import is_stacked
+from conftest import micro
+
+
+def _leaves(tree):
+  return {"/".join(k.key for k in path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+@pytest.mark.parametrize("spec", ["configs/bert.py:tiny", "configs/albert.py:tiny", "configs/electra.py:tiny"])
+def test_decay_mask_excludes_every_bias_and_layernorm_and_nothing_else(spec):
+  config = micro(spec, **({"model.num_layers": 4, "model.num_hidden_groups": 2} if "albert" in spec else {}))
+  shapes = convert.param_shapes(config)
+  mask = _leaves(optim.decay_mask(shapes))
+  assert len(mask) > 20
+  for path, decayed in mask.items():
+    *parents, name = path.split("/")
+    if name == "bias" or parents[-1] == "ln":
+      assert decayed is False, path
+    else:
+      assert name in ("kernel", "word", "position", "type"), f"unknown kind of parameter {path}"
+      assert decayed is True, path
+
+
+def test_stacked_parameters_are_those_whose_leading_logical_axis_is_layers():
+  """optim's per-layer trust ratio finds stacks by path; the model's logical axis names must agree."""
+  config = micro("configs/albert.py:tiny", **{"model.num_layers": 4, "model.num_hidden_groups": 2,
+                                              "model.sharing": "attention"})
+  boxed = jax.eval_shape(convert._init_fn(config), jax.random.key(0))
+  is_box = lambda x: isinstance(x, nn.Partitioned)
+  first_axis = {"/".join(k.key for k in path): box.names[0]
+                for path, box in jax.tree_util.tree_leaves_with_path(boxed, is_leaf=is_box)}
+  stacked = _leaves(optim.stacked_mask(convert.param_shapes(config)))
+  assert first_axis.keys() == stacked.keys()
+  assert any(stacked.values()) and not all(stacked.values())
+  for path, is_stacked_leaf in stacked.items():
+    assert is_stacked_leaf == (first_axis[path] == "layers"), path
+
+
+def _lr_config(schedule, peak=1e-3, warmup=100, total=1000):
+  c = micro()
+  c.learning_rate, c.warmup_steps, c.total_steps, c.optimizer.schedule = peak, warmup, total, schedule
+  return c
+
+
+# The reference formulas, written from their sources (t: 0-based step, w: warmup, T: total).
+REFERENCE = {
+    # google-research/bert and albert optimization.py: polynomial_decay(power 1) over T; warmup overrides.
+    "linear": lambda t, w, T: t / w if t < w else 1 - t / T,
+    # fairseq polynomial_decay / transformers get_linear_schedule_with_warmup: decay over T - w.
+    "linear_after_warmup": lambda t, w, T: t / w if t < w else (T - t) / (T - w),
+    # google-research/electra model/optimization.py: decay times min(1, t / w).
+    "electra": lambda t, w, T: (1 - t / T) * min(1.0, t / w),
+    "cosine": lambda t, w, T: t / w if t < w else 0.5 * (1 + math.cos(math.pi * (t - w) / (T - w))),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(REFERENCE))
+def test_schedule_matches_the_reference_formula(kind):
+  peak, w, T = 1e-3, 100, 1000
+  lr = optim.schedule(_lr_config(kind, peak, w, T))
+  for t in (0, w // 2, w, T // 2, T - 1):
+    assert float(lr(t)) == pytest.approx(peak * REFERENCE[kind](t, w, T), rel=1e-5, abs=peak * 1e-6), t
+
+
+@pytest.mark.parametrize("kind", ["linear", "electra"])
+def test_the_optimizer_steps_with_the_schedule(kind):
+  """A constant gradient makes each AdamW update lr(t) x 1 (no decay, no clipping): the applied rates."""
+  config = _lr_config(kind, peak=1e-2, warmup=4, total=12)
+  config.optimizer.weight_decay, config.optimizer.clip_norm = 0.0, 0.0
+  tx = optim.make(config)
+  params = {"w": jnp.ones(3)}
+  state = tx.init(params)
+  for t in range(12):
+    updates, state = tx.update({"w": jnp.full(3, 0.5)}, state, params)
+    assert float(-updates["w"][0]) == pytest.approx(1e-2 * REFERENCE[kind](t, 4, 12), rel=1e-4, abs=1e-9), t
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_gradients_are_clipped_to_global_norm_one(name):
+  config = _lr_config("linear")
+  config.optimizer.name = name
+  tx = optim.make(config)
+  params = {"a": jnp.ones((2, 3)), "b": jnp.ones(4)}
+  for scale, expected_norm in ((10.0, 1.0), (0.5, 0.5)):
+    grads = {"a": jnp.full((2, 3), 1.0), "b": jnp.full(4, 1.0)}
+    grads = jax.tree.map(lambda g: g * scale / math.sqrt(10), grads)  # global norm = scale
+    _, state = tx.update(grads, tx.init(params), params)
+    mu = optax.tree_utils.tree_get(state, "mu")  # first moment after one step: (1 - b1) x clipped gradient
+    assert float(optax.tree.norm(mu)) / (1 - config.optimizer.b1) == pytest.approx(expected_norm, rel=1e-5)
+
+
+# ----------------------------------------------------------------- LAMB against the reference
+
+_EXCLUDE = ["LayerNorm", "layer_norm", "bias"]  # ALBERT run_pretraining's exclude_from_weight_decay
+
+
+def _tf_name(path: str) -> str:
+  """bertjax's LayerNorm scope `ln` (scale, bias) is the TF reference's `LayerNorm` (gamma, beta)."""
+  return re.sub(r"(^|/)ln/(scale|bias)$", lambda m: m.group(1) + "LayerNorm/" + {"scale": "gamma", "bias": "beta"}[m.group(2)], path)
+
+
+def _reference_lamb(params, grads_per_step, lrs, b1, b2, eps, wd, clip):
+  """google-research/albert lamb_optimizer.py (and optimization.py's global-norm clipping), in NumPy
+  float64, on a flat dict name -> one original tensor."""
+  p = {k: v.astype(np.float64) for k, v in params.items()}
+  m = {k: np.zeros_like(v) for k, v in p.items()}
+  v = {k: np.zeros_like(x) for k, x in p.items()}
+  excluded = lambda name: any(re.search(r, name) for r in _EXCLUDE)
+  for grads, lr in zip(grads_per_step, lrs):
+    norm = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads.values()))
+    for k in p:
+      g = grads[k].astype(np.float64) * clip / max(norm, clip)
+      m[k] = b1 * m[k] + (1 - b1) * g
+      v[k] = b2 * v[k] + (1 - b2) * g * g
+      update = m[k] / (np.sqrt(v[k]) + eps)
+      if not excluded(k):
+        update = update + wd * p[k]
+      ratio = 1.0
+      if not excluded(k):
+        w_norm, g_norm = np.linalg.norm(p[k]), np.linalg.norm(update)
+        ratio = (w_norm / g_norm if g_norm > 0 else 1.0) if w_norm > 0 else 1.0
+      p[k] = p[k] - ratio * lr * update
+  return p
+
+
+def _unstack(tree):
+  """Flat dict TF-style name -> one original tensor: a stacked leaf gives one entry per layer or group
+  (which leaves are stacked is checked against the logical axis names above)."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    name = _tf_name("/".join(k.key for k in path))
+    if is_stacked(path):
+      out.update({f"{name}#{i}": np.asarray(leaf[i]) for i in range(leaf.shape[0])})
+    else:
+      out[name] = np.asarray(leaf)
+  return out
+
+
+@pytest.mark.parametrize("sharing,layers,groups", [("none", 3, 1), ("all", 4, 2)])
+def test_lamb_matches_albert_reference_per_layer(sharing, layers, groups):
+  config = micro("configs/albert.py:tiny", **{"model.sharing": sharing, "model.num_layers": layers,
+                                              "model.num_hidden_groups": groups, "model.vocab_size": 300})
+  config.total_steps, config.warmup_steps, config.learning_rate = 10, 3, 1e-2
+  o = config.optimizer
+  # BERT-like values: weights ~0.02, LayerNorm scales near 1 and biases near 0 (not exactly: excluding them
+  # from adaptation must show).
+  init = np.random.default_rng(1)
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, s: (float(p[-1].key == "scale") + init.normal(0, 0.02, s.shape)).astype(np.float32),
+      convert.param_shapes(config))
+  rng = np.random.default_rng(0)
+  grads = [jax.tree.map(lambda x: rng.normal(0, 0.05, x.shape).astype(np.float32), params) for _ in range(10)]
+  lrs = [float(optim.schedule(config)(t)) for t in range(10)]
+
+  tx = jax.jit(optim.make(config).update)
+  state, ours = optim.make(config).init(params), jax.tree.map(jnp.asarray, params)
+  for g in grads:
+    updates, state = tx(g, state, ours)
+    ours = optax.apply_updates(ours, updates)
+
+  ref = _reference_lamb(_unstack(params), [_unstack(g) for g in grads], lrs, o.b1, o.b2, o.eps,
+                        o.weight_decay, o.clip_norm)
+  mine = _unstack(ours)
+  assert mine.keys() == ref.keys()
+  for k in ref:
+    np.testing.assert_allclose(mine[k], ref[k], atol=1e-5, rtol=0, err_msg=k)
+  # optax.lamb (trust ratio on every tensor, whole stacks, Adam bias correction) is not this optimizer.
+  plain = optax.chain(optax.clip_by_global_norm(1.0), optax.lamb(optim.schedule(config), o.b1, o.b2, o.eps,
+                                                                  weight_decay=o.weight_decay, mask=optim.decay_mask))
+  state, theirs, update = plain.init(params), jax.tree.map(jnp.asarray, params), jax.jit(plain.update)
+  for g in grads:
+    updates, state = update(g, state, theirs)
+    theirs = optax.apply_updates(theirs, updates)
+  assert max(np.abs(_unstack(theirs)[k] - ref[k]).max() for k in ref) > 1e-3
