@@ -73,6 +73,11 @@ def training_batch(batch, step, cfg: StepConfig):
   return apply_masking(stream_key(cfg.seed, step, "masking"), batch, cfg)
 
 
+def eval_batch(batch, index, cfg: StepConfig):
+  """The masked batch that `eval_step` scores for eval batch `index` (the same in every run)."""
+  return apply_masking(stream_key(EVAL_SEED, index, "eval/masking"), batch, cfg)
+
+
 def _loss_fn(params, batch, rngs, model, cfg: StepConfig, deterministic: bool, denominators=None):
   """Total loss and metrics of an already masked batch (`denominators`: see objectives.total_loss)."""
   outputs = model.clone(deterministic=deterministic).apply({"params": params}, batch, rngs=rngs)
@@ -146,6 +151,6 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
 def eval_step(params, batch, index, *, model: nn.Module, cfg: StepConfig):
   """Metric sums on one eval batch; its masks depend only on the batch index, so every eval of a run
   (and of runs with other seeds) scores the same masked positions."""
-  batch = apply_masking(stream_key(EVAL_SEED, index, "eval/masking"), batch, cfg)
+  batch = eval_batch(batch, index, cfg)
   _, metrics = _loss_fn(params, batch, {"sample": stream_key(EVAL_SEED, index, "eval/sample")}, model, cfg, True)
   return metrics

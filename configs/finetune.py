@@ -50,6 +50,10 @@ def get_config(arg: str = "sst2"):
   c.total_steps = 0  # 0: epochs over the training set
   c.warmup_steps = -1  # -1: warmup_fraction of total_steps
   c.warmup_fraction = 0.1
+  # How epochs become steps. bert (google-research/bert run_classifier.py): int(epochs * N / batch) full
+  # batches from a stream of reshuffled epochs, warmup int(fraction * total). transformers (Trainer):
+  # ceil(N / batch) batches an epoch, the last one partial (padded rows weigh 0), warmup ceil(fraction * total).
+  c.epoch_mode = "bert"
   c.learning_rate = 2e-5  # peak
   c.log_every = 50
   c.eval_every = 0  # 0: evaluate only at the end
@@ -79,10 +83,14 @@ def get_config(arg: str = "sst2"):
       dropout=-1.0,
       attention_dropout=-1.0,
       classifier_dropout=0.1,  # on the pooled [CLS] vector, before the classifier
+      head="auto",  # pooler (BERT: tanh pooler, dropout, linear) | electra (dropout, dense, GELU, dropout,
+      # linear: ElectraForSequenceClassification) | auto: electra for ELECTRA checkpoints, else pooler
       dtype="float32",  # compute dtype: float32 | bfloat16
   )
   # Optimizer (bertjax.optim names).
   c.optimizer = dict(
+      # schedule: linear (BERT's run_classifier: decay to 0 over all steps) | linear_after_warmup
+      # (transformers' get_linear_schedule_with_warmup) | electra | cosine
       name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0, schedule="linear",
       layerwise_decay=1.0,  # ELECTRA: lr x decay^(depth from the top); 1.0 = off, ELECTRA base 0.8, large 0.9
   )

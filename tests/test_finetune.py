@@ -27,6 +27,28 @@ def test_metrics_match_their_definitions():
   assert s["std"] == pytest.approx(np.std([0.5, 0.7, 0.9]))
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_metrics_match_scikit_learn_and_scipy(seed):
+  sklearn_metrics = pytest.importorskip("sklearn.metrics")
+  import scipy.stats
+
+  rng = np.random.default_rng(seed)
+  label = rng.integers(0, 2, 200)
+  pred = np.where(rng.random(200) < 0.7, label, 1 - label)  # correlated, imbalanced by chance
+  assert metrics.accuracy(pred, label) == pytest.approx(sklearn_metrics.accuracy_score(label, pred))
+  assert metrics.f1(pred, label) == pytest.approx(sklearn_metrics.f1_score(label, pred))
+  assert metrics.mcc(pred, label) == pytest.approx(sklearn_metrics.matthews_corrcoef(label, pred))
+  scores, gold = rng.normal(size=100), rng.normal(size=100)
+  gold = gold + scores  # correlated
+  scores[:10] = scores[0]  # ties, which Spearman ranks by their average
+  assert metrics.pearson(scores, gold) == pytest.approx(scipy.stats.pearsonr(scores, gold).statistic)
+  assert metrics.spearman(scores, gold) == pytest.approx(scipy.stats.spearmanr(scores, gold).statistic)
+  # The task-level entry point: logits -> argmax, a single column -> regression scores.
+  logits = np.stack([1 - pred, pred], 1).astype(np.float32)
+  assert metrics.compute(["accuracy", "f1"], logits, label) == pytest.approx(
+      {"accuracy": sklearn_metrics.accuracy_score(label, pred), "f1": sklearn_metrics.f1_score(label, pred)})
+
+
 def test_layerwise_decay_follows_electra():
   cfg = EncoderConfig(vocab_size=10, hidden_size=8, num_layers=3, num_heads=2, intermediate_size=16, embedding_size=8)
   params = {"embeddings": {"word": np.zeros((10, 8))}, "encoder": {"layers": {"k": np.zeros((3, 8, 8))}},

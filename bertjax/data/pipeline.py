@@ -176,7 +176,7 @@ def _take(arrays, idx) -> dict:
   return {k: v[idx] for k, v in arrays.items()}
 
 
-def _permute(seed: int, epoch: int, positions: np.ndarray, n: int) -> np.ndarray:
+def permuted(seed: int, epoch: int, positions: np.ndarray, n: int) -> np.ndarray:
   """Where `positions` go under a pseudo-random permutation of range(n) keyed by (seed, epoch).
 
   Computed per index, never materialized, so the loader's memory does not grow with the corpus: a few
@@ -209,7 +209,7 @@ def batch_at(arrays, step: int, batch_size: int, seed: int, process_index: int =
   epochs, pos = g // n, g % n
   idx = np.empty(per_process, np.int64)
   for e in np.unique(epochs):
-    idx[epochs == e] = _permute(seed, int(e), pos[epochs == e], n)
+    idx[epochs == e] = permuted(seed, int(e), pos[epochs == e], n)
   batch = _take(arrays, idx)
   batch["example_weight"] = np.ones(per_process, np.float32)
   return batch

@@ -1,5 +1,5 @@
-"""The fine-tuning model (bertjax's Embeddings + Encoder, a tanh pooler on [CLS], dropout, a linear
-classifier), its initialization from pretrained weights, and ELECTRA's layer-wise learning-rate decay."""
+"""The fine-tuning model (bertjax's Embeddings + Encoder and a BERT or ELECTRA classification head), its
+initialization from pretrained weights, and ELECTRA's layer-wise learning-rate decay."""
 
 import functools
 
@@ -11,25 +11,38 @@ from flax import linen as nn
 
 from bertjax import sharding as sh
 from bertjax.errors import UserError
-from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig, dense
+from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig, activation, dense
+
+
+HEADS = ("pooler", "electra")
 
 
 class Classifier(nn.Module):
-  """Sentence(-pair) classifier or regressor (num_outputs 1) over the pretrained encoder; the pooler and
-  classifier are BERT's (the pooler starts from the pretrained NSP/SOP pooler where there is one)."""
+  """Sentence(-pair) classifier or regressor (num_outputs 1) over the pretrained encoder, with one of two heads:
+
+  pooler   BERT's: tanh(dense([CLS])) (starting from the pretrained NSP/SOP pooler where there is one),
+           dropout, linear classifier (BertForSequenceClassification, AlbertForSequenceClassification).
+  electra  ElectraForSequenceClassification's: dropout, dense, GELU, dropout, linear on [CLS]; all fresh
+           (task-specific), no tanh pooler.
+  """
 
   cfg: EncoderConfig
   num_outputs: int
   classifier_dropout: float = 0.1
   deterministic: bool = True
+  head: str = "pooler"
 
   @nn.compact
   def __call__(self, input_ids, type_ids, groups):
     c = self.cfg
     x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic)
     hidden = Encoder(c, self.deterministic, name="encoder")(x, groups)
-    pooled = jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pooler")(hidden[:, 0]))
-    pooled = nn.Dropout(self.classifier_dropout)(pooled, deterministic=self.deterministic)
+    drop = lambda h: nn.Dropout(self.classifier_dropout)(h, deterministic=self.deterministic)
+    if self.head == "electra":
+      h = dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "transform")(drop(hidden[:, 0]))
+      pooled = drop(activation(c, h))
+    else:
+      pooled = drop(jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pooler")(hidden[:, 0])))
     return dense(c, c.hidden_size, self.num_outputs, (sh.EMBED, None), "classifier")(pooled).astype(jnp.float32)
 
 
@@ -51,17 +64,17 @@ def init_params(model: Classifier, rng, pretrained: dict, pooler: dict | None) -
       raise UserError(f"the checkpoint's {name} do not fit the model built from its config; is config.json "
                       "the checkpoint's own?")
     params[name] = jax.tree.map(jnp.asarray, pretrained[name])
-  new = ["classifier"]
-  if pooler is not None:
+  new = [name for name in params if name not in ("embeddings", "encoder")]
+  if pooler is not None and "pooler" in params:
     params["pooler"] = jax.tree.map(jnp.asarray, pooler)
-  else:
-    new.append("pooler")
-  return params, new
+    new.remove("pooler")
+  return params, sorted(new)
 
 
 def layer_multipliers(params: dict, cfg: EncoderConfig, decay: float) -> dict:
   """Learning-rate multipliers (ELECTRA's layer-wise decay): decay^(L + 2 - depth) with depth 0 for the
-  embeddings (and E->H projection), i + 1 for layer i, L + 1 for the pooler and L + 2 for the classifier.
+  embeddings (and E->H projection), i + 1 for layer i, L + 1 for a pretrained-style pooler and L + 2 for
+  the task-specific head (classifier, ELECTRA's transform): google-research/electra _get_layer_lrs.
   Stacked layers get one multiplier per layer along their leading axis; ALBERT's shared groups take
   their deepest layer's."""
   n = cfg.num_layers

@@ -9,6 +9,7 @@ dropout. Runs on the default device with jit (fine-tuning sets are small; no mes
 import dataclasses
 import functools
 import json
+import math
 import os
 import time
 
@@ -20,11 +21,15 @@ import optax
 
 from bertjax import config as config_lib, optim
 from bertjax.data import pipeline
+from bertjax.interop import configs as hf_configs
 from bertjax.downstream import data as task_data, metrics as task_metrics
-from bertjax.downstream.model import Classifier, init_params, layer_multipliers, scale_by_tree
+from bertjax.downstream.model import HEADS, Classifier, init_params, layer_multipliers, scale_by_tree
 from bertjax.errors import UserError
 from bertjax.interop import inference
 from bertjax.metrics import MetricWriter
+
+
+EPOCH_MODES = ("bert", "transformers")
 
 
 def _check(ok: bool, message: str):
@@ -43,6 +48,10 @@ def validate(config):
   _check(config.seq_len >= 8, f"seq_len={config.seq_len} is too short for [CLS] A [SEP] B [SEP]; use >= 8")
   _check(0 < config.optimizer.layerwise_decay <= 1, "optimizer.layerwise_decay must be in (0, 1]")
   _check(config.model.dtype in config_lib.DTYPES, f"model.dtype={config.model.dtype!r}; use float32 or bfloat16")
+  _check(config.model.head in ("auto",) + HEADS, f"model.head={config.model.head!r}; use auto, {', '.join(HEADS)}")
+  _check(config.epoch_mode in EPOCH_MODES, f"epoch_mode={config.epoch_mode!r}; use one of {', '.join(EPOCH_MODES)}")
+  _check(config.optimizer.schedule in optim.SCHEDULES,
+         f"optimizer.schedule={config.optimizer.schedule!r}; use one of {', '.join(optim.SCHEDULES)}")
 
 
 def load_checkpoint(init) -> inference.Loaded:
@@ -66,10 +75,48 @@ def encoder_config(config, loaded: inference.Loaded):
       attention_dropout=enc.attention_dropout if m.attention_dropout < 0 else m.attention_dropout)
 
 
+def step_counts(config, num_examples: int) -> tuple[int, int]:
+  """(total steps, warmup steps) of a run over `num_examples`, as config.epoch_mode counts them."""
+  per_epoch = num_examples / config.batch_size
+  if config.epoch_mode == "transformers":
+    total = config.total_steps or max(1, int(math.ceil(per_epoch) * config.epochs))
+    warmup = int(math.ceil(config.warmup_fraction * total))
+  else:
+    total = config.total_steps or max(1, int(config.epochs * per_epoch))
+    warmup = int(config.warmup_fraction * total)
+  return total, warmup if config.warmup_steps < 0 else config.warmup_steps
+
+
+def train_batch(arrays, step: int, config, seed: int) -> dict:
+  """Training batch `step`, a pure function of (seed, step). bert mode: full batches from a stream of
+  reshuffled epochs (pipeline.batch_at). transformers mode: epoch-aligned batches, each epoch a fresh
+  permutation, the last batch of an epoch padded with weight-0 rows."""
+  if config.epoch_mode != "transformers":
+    return pipeline.batch_at(arrays, step, config.batch_size, seed)
+  n, bs = len(arrays["input_ids"]), config.batch_size
+  per_epoch = -(-n // bs)
+  epoch, k = divmod(step, per_epoch)
+  positions = np.arange(k * bs, min((k + 1) * bs, n))
+  idx = pipeline.permuted(seed, epoch, positions, n)
+  valid = np.arange(bs) < len(idx)
+  batch = {key: v[np.where(valid, np.pad(idx, (0, bs - len(idx))), 0)] for key, v in arrays.items()}
+  batch["example_weight"] = valid.astype(np.float32)
+  return batch
+
+
 def _optimizer_view(config, total: int, warmup: int):
   """The keys bertjax.optim reads, from the fine-tuning config."""
   return ml_collections.ConfigDict(dict(learning_rate=config.learning_rate, warmup_steps=warmup, total_steps=total,
                                         optimizer=config.optimizer.to_dict()))
+
+
+def make_tx(config, params, cfg, total: int, warmup: int) -> optax.GradientTransformation:
+  """The fine-tuning optimizer: bertjax.optim's (AdamW, schedule, decay mask, clipping) over `total`
+  steps, then ELECTRA's layer-wise rate multipliers when optimizer.layerwise_decay < 1."""
+  tx = optim.make(_optimizer_view(config, total, warmup))
+  if config.optimizer.layerwise_decay < 1:
+    tx = optax.chain(tx, scale_by_tree(layer_multipliers(params, cfg, config.optimizer.layerwise_decay)))
+  return tx
 
 
 def _loss(params, batch, rng, model, regression: bool):
@@ -112,12 +159,10 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   cfg, num_outputs = setup["cfg"], setup["num_outputs"]
   regression = num_outputs == 1
   names = task.metrics.split(",")
-  train_model = Classifier(cfg, num_outputs, config.model.classifier_dropout, deterministic=False)
+  train_model = Classifier(cfg, num_outputs, config.model.classifier_dropout, deterministic=False, head=setup["head"])
   eval_model = train_model.clone(deterministic=True)
   params, _ = init_params(train_model, jax.random.key(seed), setup["pretrained"], setup["pooler"])
-  tx = optim.make(_optimizer_view(config, total, warmup))
-  if config.optimizer.layerwise_decay < 1:
-    tx = optax.chain(tx, scale_by_tree(layer_multipliers(params, cfg, config.optimizer.layerwise_decay)))
+  tx = make_tx(config, params, cfg, total, warmup)
   opt_state = tx.init(params)
   step_fn = setup.setdefault("step_fn", jax.jit(functools.partial(train_step, model=train_model, tx=tx,
                                                                   regression=regression), donate_argnums=(0, 1)))
@@ -128,7 +173,7 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   losses, t0, t_log = [], time.time(), time.time()
   result = {}
   for step in range(total):
-    batch = pipeline.batch_at(train, step, config.batch_size, seed)
+    batch = train_batch(train, step, config, seed)
     params, opt_state, loss = step_fn(params, opt_state, batch, jnp.uint32(seed), jnp.int32(step))
     losses.append(loss)
     done = step + 1
@@ -158,16 +203,20 @@ def prepare(config) -> dict:
   train_ex = task_data.subsample(task_data.read_split(task, True), task.max_train_examples, config.seed)
   eval_ex = task_data.subsample(task_data.read_split(task, False), task.max_eval_examples, config.seed)
   labels = task_data.label_names(task)
-  total = config.total_steps or max(1, int(config.epochs * len(train_ex.a) / config.batch_size))
-  warmup = config.warmup_steps if config.warmup_steps >= 0 else int(config.warmup_fraction * total)
+  total, warmup = step_counts(config, len(train_ex.a))
   params = loaded.params
   pooler = params.get("sentence", {}).get("pooler", loaded.pooler)
+  head = config.model.head
+  if head == "auto":
+    head = "electra" if hf_configs.family_for(loaded.config) == "electra" else "pooler"
   return dict(
       cfg=cfg, num_outputs=len(labels) or 1, pretrained=params, pooler=pooler, total=total, warmup=min(warmup, total),
+      head=head, train_examples=len(train_ex.a),
       train=task_data.encode(train_ex, loaded.tokenizer, config.seq_len),
       eval=task_data.encode(eval_ex, loaded.tokenizer, config.seq_len),
       info=dict(train_examples=len(train_ex.a), eval_examples=len(eval_ex.a), skipped_rows=train_ex.skipped + eval_ex.skipped,
-                tokenizer=loaded.tokenizer.spec(), pooler="pretrained" if pooler is not None else "fresh",
+                tokenizer=loaded.tokenizer.spec(), head=head,
+                pooler="pretrained" if pooler is not None and head == "pooler" else "fresh",
                 model=dict(layers=cfg.num_layers, hidden=cfg.hidden_size, heads=cfg.num_heads)),
   )
 

@@ -1,0 +1,144 @@
+"""Fine-tuning step parity with transformers: bertjax's fine-tuning step (model, loss, optimizer as
+`python -m bertjax.finetune` builds them) and BertForSequenceClassification (2 and 3 labels, regression)
+or ElectraForSequenceClassification (with ELECTRA's layer-wise learning-rate decay), from the same weights
+on the same batches, dropout off, float32: per-step loss to 1e-3 relative, final parameters to 1e-3."""
+
+import functools
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import config as config_lib
+from bertjax.data.tokenizer import SpecialIds
+from bertjax.downstream import train as ft
+from bertjax.downstream.model import Classifier, init_params
+from bertjax.interop import convert, weights as W
+from conftest import load_config, micro
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from bertjax.interop import torch_reference as ref  # noqa: E402  (needs torch)
+
+STEPS, LOSS_RTOL, PARAM_TOL, FLOOR = 20, 1e-3, 1e-3, 1e-3  # FLOOR: see tests/test_parity.py
+SPECIAL = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
+CASES = {  # name: (pretraining config, outputs, schedule, layer-wise decay)
+    "bert-2": ("configs/bert.py:tiny", 2, "linear", 1.0),
+    "bert-3": ("configs/bert.py:tiny", 3, "linear_after_warmup", 1.0),
+    "bert-regression": ("configs/bert.py:tiny", 1, "linear", 1.0),
+    "electra-2-layerwise": ("configs/electra.py:tiny", 2, "electra", 0.8),
+}
+
+
+def electra_layer_rate(name: str, num_layers: int, decay: float) -> float:
+  """google-research/electra model/optimization.py _get_layer_lrs on HF names: embeddings (and their
+  projection) at depth 0, layer i at i + 1, everything task-specific at L + 2; rate x decay^(L + 2 - depth)."""
+  if ".embeddings" in name or "embeddings_project" in name:
+    depth = 0
+  elif ".encoder.layer." in name:
+    depth = int(name.split(".encoder.layer.")[1].split(".")[0]) + 1
+  else:
+    depth = num_layers + 2
+  return decay ** (num_layers + 2 - depth)
+
+
+def batches(n_outputs, vocab, b=8, s=32):
+  """[CLS] A [SEP] B [SEP] with padding; two batches in turn, so that 20 steps can fit them."""
+  for t in range(STEPS):
+    rng = np.random.default_rng(t % 2)
+    lengths = rng.integers(s // 2 + 4, s + 1, b)
+    ids = rng.integers(5, vocab, (b, s)).astype(np.int32)
+    ids[:, 0], ids[:, s // 2] = SPECIAL.cls, SPECIAL.sep
+    ids[np.arange(b), lengths - 1] = SPECIAL.sep
+    groups = (np.arange(s)[None] < lengths[:, None]).astype(np.int32)
+    types = ((np.arange(s)[None] > s // 2) * groups).astype(np.int32)
+    label = (ids[:, 1] % n_outputs).astype(np.int32) if n_outputs > 1 else (ids[:, 1] % 5 / 2.0).astype(np.float32)
+    yield dict(input_ids=np.where(groups > 0, ids, SPECIAL.pad), type_ids=types, groups=groups, label=label,
+               example_weight=np.ones(b, np.float32))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_finetuning_steps_match_transformers(case, tmp_path):
+  spec, n_out, schedule, layerwise = CASES[case]
+  family = "electra" if "electra" in spec else "bert"
+  pre = micro(spec)
+  pre.model.vocab_size = 300
+  pre.model.dropout = pre.model.attention_dropout = 0.0
+  pretrained = convert.init_params(pre, seed=1)
+  dirs = convert.write_hf(pre, pretrained, str(tmp_path / "hf"), special=SPECIAL)
+
+  config = load_config("configs/finetune.py:tiny")
+  config.optimizer.schedule, config.optimizer.layerwise_decay = schedule, layerwise
+  config.model.classifier_dropout = 0.0
+  total, warmup = STEPS, 5
+  enc = config_lib.encoder_config(pre.model)
+  head = "electra" if family == "electra" else "pooler"
+  model = Classifier(enc, n_out, 0.0, deterministic=False, head=head)
+  pooler = pretrained["sentence"]["pooler"] if family == "bert" else None
+  params, fresh = init_params(model, jax.random.key(3), pretrained, pooler)
+  assert fresh == (["classifier", "transform"] if family == "electra" else ["classifier"])
+  tx = ft.make_tx(config, params, enc, total, warmup)
+  step = jax.jit(functools.partial(ft.train_step, model=model, tx=tx, regression=n_out == 1))
+  initial = jax.tree.map(np.asarray, params)
+
+  cls = transformers.ElectraForSequenceClassification if family == "electra" else transformers.BertForSequenceClassification
+  hf = cls.from_pretrained(dirs[0], num_labels=n_out, attn_implementation="eager")
+  head_map = {"classifier.dense": "transform", "classifier.out_proj": "classifier"} if family == "electra" \
+      else {"classifier": "classifier"}
+  with torch.no_grad():  # the fresh head: ours, in both
+    for hf_name, ours in head_map.items():
+      module = hf.get_submodule(hf_name)
+      module.weight.copy_(torch.tensor(initial[ours]["kernel"].T))
+      module.bias.copy_(torch.tensor(initial[ours]["bias"]))
+  hf = ref.reference_semantics(hf)
+  view = ft._optimizer_view(config, total, warmup)
+  scale = (lambda n: electra_layer_rate(n, enc.num_layers, layerwise)) if layerwise < 1 else None
+  opt, sched, torch_params = ref.adamw(view, [hf], scale)
+
+  state = tx.init(params)
+  ours, theirs = [], []
+  for t, batch in enumerate(batches(n_out, pre.model.vocab_size)):
+    params, state, loss = step(params, state, batch, jnp.uint32(0), jnp.int32(t))
+    ours.append(float(loss))
+    label = torch.tensor(batch["label"]) if n_out == 1 else ref.long(batch["label"])
+    out = hf(input_ids=ref.long(batch["input_ids"]), attention_mask=ref.long(batch["groups"]),
+             token_type_ids=ref.long(batch["type_ids"]), labels=label)
+    theirs.append(ref.train_step(out.loss, opt, sched, torch_params, config.optimizer.clip_norm))
+  np.testing.assert_allclose(ours, theirs, rtol=LOSS_RTOL)
+  assert np.mean(theirs[-5:]) < np.mean(theirs[:5])  # it learned
+
+  final = jax.tree.map(np.asarray, params)
+  prefix = W.PREFIX[family]
+  entries = W.embeddings(prefix) + convert._body(family, pre, prefix)
+  if family == "bert":
+    entries += W.entries_of("pooler", prefix + "pooler.dense")
+  entries += [e for hf_name, ours_name in head_map.items() for e in W.entries_of(ours_name, hf_name)]
+  mine = W.export_tensors(entries, final)
+  reference = hf.state_dict()
+  for key, value in mine.items():
+    expected = reference[key].detach().numpy()
+    assert np.abs(value - expected).max() / max(np.abs(expected).max(), FLOOR) <= PARAM_TOL, key
+  assert len(mine) >= 16 * enc.num_layers
+
+
+def test_electra_layerwise_rates_follow_the_reference_formula():
+  """bertjax's multipliers (on its own tree) equal _get_layer_lrs on the HF names of the same tensors."""
+  from bertjax.downstream.model import layer_multipliers
+
+  pre = micro("configs/electra.py:tiny", **{"model.num_layers": 3})
+  enc = config_lib.encoder_config(pre.model)
+  model = Classifier(enc, 2, head="electra")
+  params, _ = init_params(model, jax.random.key(0), convert.init_params(pre), None)
+  mult = jax.tree.map(np.asarray, layer_multipliers(params, enc, 0.8))
+  entries = W.embeddings("electra.") + convert._body("electra", pre, "electra.") + \
+      W.entries_of("transform", "classifier.dense") + W.entries_of("classifier", "classifier.out_proj")
+  for e in entries:
+    m = np.broadcast_to(W.get(mult, e.path), np.shape(W.get(params, e.path)))
+    for i, name in enumerate(e.hf):
+      got = float(np.ravel(m[i] if e.stacked else m)[0])
+      assert got == pytest.approx(electra_layer_rate(name, 3, 0.8), rel=1e-6), name
