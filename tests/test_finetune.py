@@ -141,3 +141,33 @@ def test_a_workdir_without_a_pooler_has_no_extra_pooler(tmp_path):
   ckpt.save(2, {"params": {**params, "encoder": {"w": np.ones(3, np.float32)}}, "step": np.int32(2)}, {}, force=True)
   ckpt.close()
   np.testing.assert_array_equal(workdir._extra_pooler(str(tmp_path), 4)["kernel"], params["pooler"]["kernel"])
+
+
+def test_epoch_modes_count_steps_and_batches_as_their_references():
+  from bertjax.downstream import train as ft
+
+  config = load_config("configs/finetune.py:sst2")
+  config.batch_size, config.epochs, config.total_steps = 32, 3.0, 0
+  assert ft.step_counts(config, 70) == (6, 0)  # bert: int(3 * 70 / 32), int(0.1 * 6)
+  config.epoch_mode = "transformers"
+  assert ft.step_counts(config, 70) == (9, 1)  # Trainer: ceil(70 / 32) * 3, ceil(0.9)
+  arrays = {"input_ids": np.arange(70)[:, None].repeat(4, 1), "label": np.arange(70)}
+  epochs = []
+  for epoch in range(3):
+    batches = [ft.train_batch(arrays, epoch * 3 + k, config, seed=5) for k in range(3)]
+    weights = np.concatenate([b["example_weight"] for b in batches])
+    assert [int(b["example_weight"].sum()) for b in batches] == [32, 32, 6]
+    seen = np.concatenate([b["label"] for b in batches])[weights > 0]
+    assert sorted(seen.tolist()) == list(range(70))  # every example exactly once an epoch
+    epochs.append(seen)
+  assert not np.array_equal(epochs[0], epochs[1])  # reshuffled every epoch
+  config.epoch_mode = "epochs"
+  with pytest.raises(Exception, match="epoch_mode"):
+    ft.validate(dict_config(config, init={"checkpoint": "x"}, task={"source": "tsv:x"}))
+
+
+def dict_config(config, **sections):
+  c = config.copy_and_resolve_references()
+  for name, values in sections.items():
+    c[name].update(values)
+  return c

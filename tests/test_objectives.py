@@ -84,9 +84,10 @@ def test_generator_mlm_loss_trains_the_generator():
 @pytest.mark.parametrize("spec,weights,expected_outputs", [
     ("configs/bert.py:tiny", {"mlm": 1.0, "nsp": 1.0}, {"mlm_logits", "sentence_logits"}),
     ("configs/albert.py:tiny", {"mlm": 1.0, "sop": 1.0}, {"mlm_logits", "sentence_logits"}),
-    ("configs/electra.py:tiny", {"mlm": 1.0, "rtd": 50.0}, {"mlm_logits", "rtd_logits", "rtd_labels"}),
+    ("configs/electra.py:tiny", {"mlm": 1.0, "rtd": 50.0}, {"mlm_logits", "rtd_logits", "rtd_labels",
+                                                             "rtd_input_ids"}),
     ("configs/electra.py:tiny", {"mlm": 1.0, "rtd": 50.0, "sop": 1.0}, {"mlm_logits", "rtd_logits", "rtd_labels",
-                                                                         "sentence_logits"}),
+                                                                         "rtd_input_ids", "sentence_logits"}),
     ("configs/roberta.py:tiny", {"mlm": 1.0}, {"mlm_logits"}),
 ])
 def test_registry_combinations_weight_and_sum(spec, weights, expected_outputs):

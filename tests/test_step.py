@@ -89,22 +89,3 @@ def test_random_streams_never_share_a_key():
   words = {tuple(np.asarray(jax.random.key_data(k)).tolist()) for k in keys.values()}
   assert len(words) == len(keys)
 
-
-def test_masking_of_the_step_is_the_named_stream():
-  """train_step masks with stream 'masking' of (seed, step): `training_batch` (what references are fed)
-  reproduces the step's masked-LM targets, so the step's MLM accuracy can be recomputed from it."""
-  from bertjax import step as step_lib
-
-  config = micro(batch_size=8)
-  config.model.dropout = config.model.attention_dropout = 0.0
-  mesh = sharding.make_mesh("dp", devices=jax.devices()[:1])
-  steps = loop.make_steps(config, mesh)
-  state = steps.init(jax.random.key(0))
-  params = jax.tree.map(np.asarray, state.params)
-  batch = _batch(config, 0)
-  state, metrics = steps.train(state, batch)
-  masked = step_lib.training_batch(batch, 0, steps.cfg)
-  _, expected = step_lib._loss_fn(params, masked, step_lib.model_rngs(config.seed, 0), steps.model, steps.cfg, True)
-  np.testing.assert_allclose(float(metrics["mlm_loss"][0]), float(expected["mlm_loss"][0]), rtol=1e-5)
-  other = step_lib.training_batch(batch, 1, steps.cfg)
-  assert not np.array_equal(np.asarray(other["mlm_positions"]), np.asarray(masked["mlm_positions"]))

