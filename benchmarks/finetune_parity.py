@@ -14,7 +14,8 @@ bertjax runs `python -m bertjax.finetune`'s code (`bertjax.downstream.train.fine
 epoch_mode=transformers and schedule=linear_after_warmup); PyTorch runs a plain training loop over
 BertForSequenceClassification with the checkpoint's own tokenizer (AutoTokenizer), as run_glue does.
 Seeds alternate sides (bertjax seed 0, PyTorch seed 0, bertjax seed 1, ...). Training subsets are drawn
-once (--sst2_train / --rte_train examples, seed 0) and written as TSVs, so both sides read the same rows;
+once (--sst2_train 1,000 / --rte_train 600 examples by default, sized for a 2-core CPU; seed 0) and written
+as TSVs, so both sides read the same rows;
 dev sets are whole (SST-2 872, RTE 277). Prints each side's per-seed dev accuracy, the medians and their
 difference (target: at most 1 point per task), and how many dev inputs the two tokenizations agree on.
 """
@@ -146,8 +147,8 @@ def main():
   p.add_argument("--glue_dir", default=os.path.join(REPO, "..", "shared", "data", "glue"))
   p.add_argument("--tasks", default="sst2,rte")
   p.add_argument("--seeds", type=int, default=3)
-  p.add_argument("--sst2_train", type=int, default=2000, help="SST-2 training examples (0: all 67,349)")
-  p.add_argument("--rte_train", type=int, default=1000, help="RTE training examples (0: all 2,490)")
+  p.add_argument("--sst2_train", type=int, default=1000, help="SST-2 training examples (0: all 67,349)")
+  p.add_argument("--rte_train", type=int, default=600, help="RTE training examples (0: all 2,490)")
   p.add_argument("--seq_len", type=int, default=0, help="0: 64 for SST-2, 128 for RTE")
   p.add_argument("--batch_size", type=int, default=32)
   p.add_argument("--lr", type=float, default=5e-5)

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+import zlib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -45,7 +46,8 @@ def prepared(config, work_dir: str):
   """Shards of the corpus for this config under work_dir (made once); returns the shards config."""
   from bertjax.data import prepare_lib
 
-  out = os.path.join(work_dir, f"shards-v{config.model.vocab_size}-s{config.seq_len}")
+  corpus = zlib.crc32(config.data.source.encode())  # another corpus, vocabulary or length: other shards
+  out = os.path.join(work_dir, f"shards-{corpus:08x}-v{config.model.vocab_size}-s{config.seq_len}")
   if not os.path.isfile(os.path.join(out, "metadata.json")):
     t0 = time.time()
     meta = prepare_lib.prepare(config, out, workers=os.cpu_count() or 1, overwrite=True)
