@@ -21,11 +21,10 @@ import optax
 
 from bertjax import config as config_lib, optim
 from bertjax.data import pipeline
-from bertjax.interop import configs as hf_configs
 from bertjax.downstream import data as task_data, metrics as task_metrics
 from bertjax.downstream.model import HEADS, Classifier, init_params, layer_multipliers, scale_by_tree
 from bertjax.errors import UserError
-from bertjax.interop import inference
+from bertjax.interop import configs as hf_configs, inference
 from bertjax.metrics import MetricWriter
 
 
@@ -211,7 +210,7 @@ def prepare(config) -> dict:
     head = "electra" if hf_configs.family_for(loaded.config) == "electra" else "pooler"
   return dict(
       cfg=cfg, num_outputs=len(labels) or 1, pretrained=params, pooler=pooler, total=total, warmup=min(warmup, total),
-      head=head, train_examples=len(train_ex.a),
+      head=head,
       train=task_data.encode(train_ex, loaded.tokenizer, config.seq_len),
       eval=task_data.encode(eval_ex, loaded.tokenizer, config.seq_len),
       info=dict(train_examples=len(train_ex.a), eval_examples=len(eval_ex.a), skipped_rows=train_ex.skipped + eval_ex.skipped,
