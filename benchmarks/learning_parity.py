@@ -130,8 +130,8 @@ def main():
 
   masked_fn = jax.jit(lambda b, t: step_lib.training_batch(b, t, steps.cfg))
   eval_sets = list(pipeline.eval_batches(data.eval, config.batch_size))[:args.eval_batches]
-  eval_masked = [jax.tree.map(np.asarray, jax.jit(step_lib.eval_batch, static_argnums=2)(b, i, steps.cfg))
-                 for i, b in enumerate(eval_sets)]
+  eval_masked_fn = jax.jit(step_lib.eval_batch, static_argnums=2)
+  eval_masked = [jax.tree.map(np.asarray, eval_masked_fn(b, i, steps.cfg)) for i, b in enumerate(eval_sets)]
   print(f"BERT {args.layers} x {args.hidden}, vocab {args.vocab}, {args.steps} steps of {config.batch_size} x "
         f"{config.seq_len}; {len(eval_sets)} eval batches; tokenizer {data.tokenizer.spec()}", flush=True)
 

@@ -16,6 +16,9 @@ from bertjax.interop import convert
 from bertjax.model.encoder import is_stacked
 from conftest import micro
 
+pytest.importorskip("torch")
+from bertjax.interop import torch_reference as ref  # noqa: E402  (needs torch)
+
 
 def _leaves(tree):
   return {"/".join(k.key for k in path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
@@ -57,16 +60,10 @@ def _lr_config(schedule, peak=1e-3, warmup=100, total=1000):
   return c
 
 
-# The reference formulas, written from their sources (t: 0-based step, w: warmup, T: total).
-REFERENCE = {
-    # google-research/bert and albert optimization.py: polynomial_decay(power 1) over T; warmup overrides.
-    "linear": lambda t, w, T: t / w if t < w else 1 - t / T,
-    # fairseq polynomial_decay / transformers get_linear_schedule_with_warmup: decay over T - w.
-    "linear_after_warmup": lambda t, w, T: t / w if t < w else (T - t) / (T - w),
-    # google-research/electra model/optimization.py: decay times min(1, t / w).
-    "electra": lambda t, w, T: (1 - t / T) * min(1.0, t / w),
-    "cosine": lambda t, w, T: t / w if t < w else 0.5 * (1 + math.cos(math.pi * (t - w) / (T - w))),
-}
+# The reference formulas, transcribed from their sources once (bertjax/interop/torch_reference.py, also the
+# parity tests' schedules), plus cosine (t: 0-based step, w: warmup, T: total).
+REFERENCE = dict(ref.SCHEDULES,
+                 cosine=lambda t, w, T: t / w if t < w else 0.5 * (1 + math.cos(math.pi * (t - w) / (T - w))))
 
 
 @pytest.mark.parametrize("kind", sorted(REFERENCE))

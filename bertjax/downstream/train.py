@@ -98,7 +98,8 @@ def train_batch(arrays, step: int, config, seed: int) -> dict:
   positions = np.arange(k * bs, min((k + 1) * bs, n))
   idx = pipeline.permuted(seed, epoch, positions, n)
   valid = np.arange(bs) < len(idx)
-  batch = {key: v[np.where(valid, np.pad(idx, (0, bs - len(idx))), 0)] for key, v in arrays.items()}
+  rows = np.pad(idx, (0, bs - len(idx)))  # padding rows repeat row 0, weighted 0
+  batch = {key: v[rows] for key, v in arrays.items()}
   batch["example_weight"] = valid.astype(np.float32)
   return batch
 
