@@ -10,7 +10,7 @@ gradient clipping 1.0, batch 32, 3 epochs of ceil(N / 32) batches each (the last
 attention and classifier dropout 0.1, [CLS] A [SEP] B [SEP] padded to --seq_len with the longer segment
 truncated first, the pretrained tanh pooler and a fresh linear classifier.
 
-bertjax runs `python -m bertjax.finetune`'s code (`bertjax.downstream.train.finetune`, with
+bertjax runs `python -m bertjax.finetune`'s code (`bertjax.finetune.train.finetune`, with
 epoch_mode=transformers and schedule=linear_after_warmup); PyTorch runs a plain training loop over
 BertForSequenceClassification with the checkpoint's own tokenizer (AutoTokenizer), as run_glue does.
 Seeds alternate sides (bertjax seed 0, PyTorch seed 0, bertjax seed 1, ...). Training subsets are drawn
@@ -71,7 +71,7 @@ def finetune_config(args, task: str, data_dir: str, seed: int):
 
 
 def run_bertjax(config, workdir: str) -> float:
-  from bertjax.downstream import train
+  from bertjax.finetune import train
 
   return train.finetune(config, workdir)["per_seed"][0]["accuracy"]
 
@@ -129,8 +129,8 @@ def same_inputs(config, data_dir, columns, labels) -> tuple[int, int]:
   import numpy as np
   import transformers
 
-  from bertjax.downstream import data as task_data
-  from bertjax.interop import inference
+  from bertjax.finetune import data as task_data
+  from bertjax import inference
 
   tok = inference.load(hf_dir=config.init.checkpoint).tokenizer
   ours = task_data.encode(task_data.read_split(config.task, False), tok, config.seq_len)

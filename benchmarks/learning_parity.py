@@ -111,7 +111,7 @@ def main():
   import numpy as np
   import torch
 
-  from bertjax import config as config_lib, loop, sharding, step as step_lib
+  from bertjax import build, config as config_lib, sharding, step as step_lib
   from bertjax.data import pipeline
   from bertjax.interop import convert, torch_reference as ref
 
@@ -119,7 +119,7 @@ def main():
   config = prepared(make_config(args), args.work_dir)
   data = pipeline.build(config)
   special = data.tokenizer.special
-  steps = loop.make_steps(config, sharding.make_mesh("dp", devices=jax.devices()[:1]), special)
+  steps = build.make_steps(config, sharding.make_mesh("dp", devices=jax.devices()[:1]), special)
   state = steps.init(jax.random.key(config.seed))
   hf_dir = os.path.join(args.work_dir, "init-hf")
   convert.write_hf(config, jax.tree.map(np.asarray, state.params), hf_dir, special=special)
@@ -140,7 +140,7 @@ def main():
     for i, b in enumerate(eval_sets):
       m = jax.device_get(steps.eval(params, b, i))
       sums = m if sums is None else jax.tree.map(np.add, sums, m)
-    return float(sums["mlm_loss"][0] / sums["mlm_loss"][1]), float(sums["mlm_accuracy"][0] / sums["mlm_accuracy"][1])
+    return sums["mlm_loss"].compute(), sums["mlm_accuracy"].compute()
 
   curve = {"step": [], "bertjax/mlm_loss": [], "bertjax/mlm_accuracy": [], "torch/mlm_loss": [],
            "torch/mlm_accuracy": [], "bertjax/train_loss": [], "torch/train_loss": []}
@@ -152,7 +152,7 @@ def main():
     masked = jax.tree.map(np.asarray, masked_fn(batch, t))
     t0 = time.perf_counter()
     state, metrics = steps.train(state, batch)
-    window["bertjax"].append(float(metrics["loss"][0]))  # waits for the step
+    window["bertjax"].append(metrics["loss"].compute())  # waits for the step
     t1 = time.perf_counter()
     window["torch"].append(ref.train_step(ref.pretraining_loss("bert", {"": model}, masked, objectives),
                                           opt, sched, params, config.optimizer.clip_norm))

@@ -32,7 +32,8 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from bertjax import bench, config as config_lib, loop
+from bertjax import bench, config as config_lib
+from bertjax.data.tokenizer import SPM_SPECIAL
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Default batch per variant: tiny's own recipe; base at the batch `python -m bertjax.bench` is quoted at.
@@ -82,11 +83,11 @@ def torch_model(spec: dict):
 def torch_batch(config, batch: dict, seed: int = 0) -> dict:
   """The synthetic batch masked as BERT does (15% of non-special tokens, at most max_predictions per
   row; 80% [MASK], 10% random, 10% kept), as int64 arrays (torch's inputs) with -100 on unscored positions."""
-  sp = loop.DEFAULT_SPECIAL
+  sp = SPM_SPECIAL
   rng = np.random.default_rng(seed)
   ids = batch["input_ids"].copy()
   labels = np.full_like(ids, -100)
-  p = config_lib.masking_config(config)
+  p = config_lib.masking_config(config, sp)
   for row in range(ids.shape[0]):
     candidates = np.nonzero(~np.isin(ids[row], [sp.pad, sp.unk, sp.cls, sp.sep, sp.mask]))[0]
     n = min(p.max_predictions, max(1, round(len(candidates) * p.mask_prob)))

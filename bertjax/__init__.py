@@ -1,7 +1,6 @@
-"""bertjax: pretraining BERT-family encoders (BERT, RoBERTa, ALBERT, ELECTRA) in JAX/Flax."""
+"""bertjax: pretraining BERT-family encoders (BERT, RoBERTa, ALBERT, ELECTRA) in JAX/Flax.
 
-from bertjax import host
+Importing it has no side effects: entry points call `bertjax.runtime.setup()` first.
+"""
 
 __version__ = "0.1.0"
-
-host.setup()  # before any JAX backend starts: see bertjax/host.py

@@ -7,15 +7,10 @@ import json
 import os
 import re
 
-# Compiling *for* a TPU topology needs libtpu but no TPU: JAX itself runs on the CPU, libtpu is asked only
-# for the topology description and the compiler (set before JAX is imported).
-os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # not on a TPU VM: don't wait for its metadata server
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other JAX processes here may hold libtpu
-
 from absl import flags
 from ml_collections import config_flags
 
+from bertjax import runtime
 from bertjax.errors import UserError, cli, run
 
 
@@ -67,14 +62,15 @@ def topology_devices(t: dict):
 
 
 def _compile(config, mesh):
-  """(loop.Steps, the compiled train step) for `config` on `mesh`, from abstract state and batch."""
+  """(build.Steps, the compiled train step) for `config` on `mesh`, from abstract state and batch."""
   import jax
 
-  from bertjax import loop
+  from bertjax import build
+  from bertjax.data.tokenizer import SPM_SPECIAL
 
-  steps = loop.make_steps(config, mesh)
+  steps = build.make_steps(config, mesh, SPM_SPECIAL)
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=steps.batch_sharding)
-           for k, v in loop.host_batch_spec(config, config.batch_size).items()}
+           for k, v in build.host_batch_spec(config, config.batch_size).items()}
   return steps, steps.train.lower(steps.abstract_state, batch).compile()
 
 
@@ -199,6 +195,14 @@ def _define_flags():
 @cli
 def main(argv):
   del argv
+  # Compiling *for* a TPU topology needs libtpu but no TPU: JAX itself runs on the CPU, libtpu is asked
+  # only for the topology description and the compiler (set before JAX starts a backend).
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # not on a TPU VM: don't wait for its metadata server
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other JAX processes here may hold libtpu
+  import jax
+
+  jax.config.update("jax_platforms", "cpu")
+  runtime.setup()
   config, topology, as_json, unrolled = _FLAGS
   report = compile_for(config.value, parse_topology(topology.value), unrolled.value)
   print(json.dumps(report) if as_json.value else format_report(report))

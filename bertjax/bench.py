@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
-from flax import linen as nn
 from ml_collections import config_flags
 
-from bertjax import config as config_lib, flops, sharding
+from bertjax import build, config as config_lib, flops, runtime, sharding
+from bertjax.data.tokenizer import SPM_SPECIAL
 from bertjax.errors import UserError, cli, run
 
 
@@ -37,9 +37,7 @@ from bertjax.errors import UserError, cli, run
 class Bench:
   """The loop's jitted train step for one config, with a batch to feed it."""
 
-  steps: object  # bertjax.loop.Steps: init, train, abstract_state, ...
-  mesh: jax.sharding.Mesh
-  rules: tuple  # the preset's logical axis rules (in context while the step is traced)
+  steps: build.Steps  # init, train, abstract_state, ...
   batch: dict  # device arrays of one global batch
   batch_size: int
   seq_len: int
@@ -48,10 +46,8 @@ class Bench:
 
 def synthetic_batch(config, batch_size: int, seed: int = 0) -> dict:
   """A host batch shaped like the loader's: full-length [CLS] A [SEP] B [SEP] rows of random
-  non-special ids (special ids as in `loop.DEFAULT_SPECIAL`)."""
-  from bertjax import loop
-
-  sp = loop.DEFAULT_SPECIAL
+  non-special ids (special ids of bertjax's own SentencePiece layout)."""
+  sp = SPM_SPECIAL
   s = config.seq_len
   rng = np.random.default_rng(seed)
   ids = rng.integers(max(dataclasses.astuple(sp)) + 1, config.model.vocab_size, (batch_size, s), dtype=np.int32)
@@ -70,8 +66,6 @@ def synthetic_batch(config, batch_size: int, seed: int = 0) -> dict:
 
 def setup(config, batch_size: int = 0) -> Bench:
   """The loop's jitted steps for `config` at a global batch of `batch_size` (0: the config's)."""
-  from bertjax import loop  # the loop imports the data pipeline; keep `import bertjax.bench` light
-
   config = config.copy_and_resolve_references()
   config.batch_size = batch_size or config.batch_size
   config_lib.validate(config)
@@ -81,19 +75,17 @@ def setup(config, batch_size: int = 0) -> Bench:
     raise UserError(f"batch_size={config.batch_size} is not divisible by the {n_dev} devices "
                     f"(x grad_accum_steps={config.grad_accum_steps}); use a multiple of {multiple}")
   mesh = sharding.make_mesh(config.sharding, overrides=dict(config.mesh))
-  steps = loop.make_steps(config, mesh)
+  steps = build.make_steps(config, mesh, SPM_SPECIAL)
   batch = jax.device_put(synthetic_batch(config, config.batch_size), steps.batch_sharding)
   fpt = flops.train_flops_per_token(steps.model.cfg, config.seq_len, steps.cfg.masking.max_predictions,
                                     steps.model.generator, steps.model.sentence_head)
-  return Bench(steps, mesh, sharding.rules_for(config.sharding), batch, config.batch_size, config.seq_len, fpt)
+  return Bench(steps, batch, config.batch_size, config.seq_len, fpt)
 
 
 def compile_step(bench: Bench):
   """(compiled train step, seconds to trace, lower and compile it); no state is allocated."""
   t0 = time.perf_counter()
-  with nn.logical_axis_rules(bench.rules), jax.set_mesh(bench.mesh):
-    jitted = bench.steps.train.__wrapped__  # make_steps wraps the jitted step to trace under the rules
-    compiled = jitted.lower(bench.steps.abstract_state, bench.batch).compile()
+  compiled = bench.steps.train.lower(bench.steps.abstract_state, bench.batch).compile()
   return compiled, time.perf_counter() - t0
 
 
@@ -213,9 +205,7 @@ def _define_flags():
 @cli
 def main(argv):
   del argv
-  from bertjax import distributed
-
-  distributed.setup()
+  runtime.setup()
   config, batch, steps, warmup = _FLAGS
   print(json.dumps(measure(config.value, batch.value, steps.value, warmup.value)), flush=True)
 

@@ -27,6 +27,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.grad_accum_steps = 1  # microbatches per step (lax.scan inside the step)
   c.sharding = "dp"  # dp | fsdp | fsdp_tp (bertjax.sharding.PRESETS)
   c.mesh = dict(data=0, fsdp=0, tensor=0)  # mesh axis sizes; 0 keeps the preset's
+  c.sharding_rules = ""  # explicit rules replacing the preset's: "embed=fsdp,mlp=tensor,activation_batch=data+fsdp"
   c.init_from = ""  # a checkpoint to take weights from (a new run), not a resume
   c.overwrite = False  # allow a workdir holding another config's run to be replaced
   # Data.
@@ -122,10 +123,17 @@ def encoder_config(m, generator: bool = False) -> EncoderConfig:
       activation=m.activation, position_offset=m.position_offset)
 
 
-def masking_config(config) -> masking.MaskingConfig:
+def max_predictions(config) -> int:
+  """The MLM slots gathered per example (static shape), derived from seq_len and mask_prob."""
+  return masking.max_predictions(config.seq_len, config.masking.mask_prob)
+
+
+def masking_config(config, special) -> masking.MaskingConfig:
+  """The config's masking scheme with the tokenizer's special ids (`special`: a data.tokenizer.SpecialIds)."""
   k = config.masking
   return masking.MaskingConfig(
-      scheme=k.scheme, mask_prob=k.mask_prob, max_predictions=masking.max_predictions(config.seq_len, k.mask_prob),
+      special_ids=special.never_masked, mask_id=special.mask, vocab_size=config.model.vocab_size,
+      scheme=k.scheme, mask_prob=k.mask_prob, max_predictions=max_predictions(config),
       mask_token_prob=k.mask_token_prob, random_token_prob=k.random_token_prob, max_ngram=k.max_ngram,
       span_p=k.span_p, max_span=k.max_span)
 

@@ -1,4 +1,4 @@
-"""The one exception type for user errors, and the CLI wrapper that turns it into a one-line message."""
+"""The one exception type for user errors, and the CLI wrappers that turn it (and flag errors) into one line."""
 
 import functools
 import re
@@ -60,3 +60,30 @@ def run(main):
   from absl import app
 
   app.run(main, flags_parser=parse_flags)
+
+
+def run_config_workdir(example: str, workdir_help: str, entry: str):
+  """The whole of a `--config=... --workdir=...` CLI (train, finetune): defines both flags (required),
+  parses them with one-line errors, sets up the process (`runtime.setup()`), then imports `entry`
+  ("module:function") and calls it with (config, workdir)."""
+  import importlib
+  import os
+
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (tfds), if present, stays quiet
+  from absl import flags
+  from ml_collections import config_flags
+
+  config = config_flags.DEFINE_config_file("config", None, f"config file, e.g. {example}", lock_config=True)
+  workdir = flags.DEFINE_string("workdir", None, workdir_help)
+  flags.mark_flags_as_required(["config", "workdir"])
+
+  @cli
+  def main(argv):
+    del argv
+    from bertjax import runtime
+
+    runtime.setup()  # platform, allocator, JAX flags, jax.distributed.initialize() on multi-host jobs
+    module, _, function = entry.partition(":")
+    getattr(importlib.import_module(module), function)(config.value, workdir.value)
+
+  run(main)

@@ -17,9 +17,10 @@ import jax
 import numpy as np
 from absl import flags
 
+from bertjax import runtime
 from bertjax.errors import UserError, cli, run
 from bertjax.interop import convert, workdir as wd
-from bertjax.interop.inference import Loaded, encode, fill_mask, hidden_states, load, logits  # noqa: F401 (the API)
+from bertjax.inference import Loaded, encode, fill_mask, hidden_states, load, logits  # noqa: F401 (the API)
 
 read_hf, write_hf = convert.read_hf, convert.write_hf
 COMMANDS = ("import", "export", "encode", "fill_mask")
@@ -76,6 +77,7 @@ def run_command(command: str):
 def main(argv):
   if len(argv) != 2 or argv[1] not in COMMANDS:
     raise UserError(f"usage: python -m bertjax.hf {{{','.join(COMMANDS)}}} --FLAGS (got {' '.join(argv[1:]) or 'nothing'})")
+  runtime.setup()
   run_command(argv[1])
 
 

@@ -15,114 +15,17 @@ import time
 import jax
 import jax.numpy as jnp
 import ml_collections
-from flax import linen as nn
 
-from bertjax import checkpoint, config as config_lib, distributed, flops, optim, sharding, step as step_lib
+from bertjax import build, checkpoint, config as config_lib, flops, optim, runtime, sharding
 from bertjax.data import pipeline
-from bertjax.data.tokenizer import SpecialIds
 from bertjax.errors import UserError
 from bertjax.metrics import MetricWriter, finalize, sum_metrics
 from bertjax.model.pretrain import Pretrainer
 
 # Keys that may change between a run and its resumption (they do not change what is being trained).
 RESUMABLE_KEYS = ("total_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "overwrite",
-                  "init_from", "eval_batch_size", "sharding", "mesh", "max_nonfinite_steps", "startup_timeout")
-DEFAULT_SPECIAL = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)  # bertjax's own SentencePiece layout
-
-
-def make_model(config) -> Pretrainer:
-  """The pretraining model of a config (heads and generator follow from the objectives)."""
-  objectives = config_lib.active_objectives(config)
-  return Pretrainer(
-      cfg=config_lib.encoder_config(config.model),
-      generator=config_lib.encoder_config(config.model, generator=True) if "rtd" in objectives else None,
-      sentence_head=bool({"nsp", "sop"} & set(objectives)),
-      sample_temperature=config.model.sample_temperature,
-  )
-
-
-def dummy_batch(config, batch_size: int = 1) -> dict:
-  """A batch of zeros with the shapes of a masked training batch (for init and shape inference)."""
-  s, p = config.seq_len, config_lib.masking_config(config).max_predictions
-  ints = lambda *shape: jnp.zeros(shape, jnp.int32)
-  return dict(input_ids=ints(batch_size, s), original_ids=ints(batch_size, s), type_ids=ints(batch_size, s),
-              groups=jnp.ones((batch_size, s), jnp.int32), mlm_positions=ints(batch_size, p),
-              mlm_weights=jnp.zeros((batch_size, p)))
-
-
-def host_batch_spec(config, batch_size: int) -> dict:
-  """Shapes and dtypes of the batches the loader yields (what the jitted steps take)."""
-  s = config.seq_len
-  sds = jax.ShapeDtypeStruct
-  return dict(input_ids=sds((batch_size, s), jnp.int32), type_ids=sds((batch_size, s), jnp.int32),
-              word_start=sds((batch_size, s), jnp.bool_), groups=sds((batch_size, s), jnp.int32),
-              sentence_label=sds((batch_size,), jnp.int32), example_weight=sds((batch_size,), jnp.float32))
-
-
-def init_state(rng, model, tx, config):
-  """A fresh TrainState whose parameters still carry their logical-axis boxes."""
-  params = model.init({"params": rng, "sample": rng, "dropout": rng}, dummy_batch(config))["params"]
-  return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-
-
-@dataclasses.dataclass
-class Steps:
-  """The jitted functions of a run and the shardings they were compiled for."""
-
-  model: Pretrainer
-  tx: object
-  cfg: step_lib.StepConfig
-  state_shardings: object  # TrainState of NamedShardings
-  abstract_state: object  # TrainState of ShapeDtypeStructs carrying those shardings (restore target)
-  batch_sharding: object
-  init: object  # rng -> TrainState, created already sharded
-  train: object  # (state, batch) -> (state, metrics); donates state
-  eval: object  # (params, batch, index) -> metric sums
-
-
-def make_steps(config, mesh, special: SpecialIds = DEFAULT_SPECIAL) -> Steps:
-  """Builds model, optimizer and the jitted init/train/eval steps with explicit shardings on `mesh`.
-
-  Parameters are placed by their logical axis names through the config's sharding preset; the state is
-  initialized already sharded (jit with out_shardings), never built on one host and copied.
-  """
-  rules = sharding.rules_for(config.sharding)
-  model, tx = make_model(config), optim.make(config)
-  cfg = step_lib.StepConfig(
-      seed=config.seed, masking=config_lib.masking_config(config),
-      special_ids=(special.pad, special.unk, special.cls, special.sep, special.mask), mask_id=special.mask,
-      vocab_size=config.model.vocab_size, objectives=tuple(config_lib.active_objectives(config).items()),
-      grad_accum_steps=config.grad_accum_steps)
-  with nn.logical_axis_rules(rules):
-    boxed = jax.eval_shape(functools.partial(init_state, model=model, tx=tx, config=config), jax.random.key(0))
-  shardings = sharding.logical_shardings(boxed, mesh, rules)
-  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                          sharding.strip_boxes(boxed), shardings)
-  batch_sharding = jax.sharding.NamedSharding(mesh, sharding.batch_spec())
-  repl = sharding.replicated(mesh)
-
-  def with_rules(fn):
-    # The model's logical constraints are resolved when the step is traced: trace (and lower, for
-    # ahead-of-time compilation) under the rules and the mesh.
-    @functools.wraps(fn)
-    def wrapped(*args):
-      with nn.logical_axis_rules(rules), jax.set_mesh(mesh):
-        return fn(*args)
-
-    def lower(*args):
-      with nn.logical_axis_rules(rules), jax.set_mesh(mesh):
-        return fn.lower(*args)
-
-    wrapped.lower = lower
-    return wrapped
-
-  init = jax.jit(lambda r: nn.unbox(init_state(r, model, tx, config)), out_shardings=shardings)
-  train = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, cfg=cfg),
-                  in_shardings=(shardings, batch_sharding), out_shardings=(shardings, repl), donate_argnums=(0,))
-  evaluate = jax.jit(functools.partial(step_lib.eval_step, model=model, cfg=cfg),
-                     in_shardings=(shardings.params, batch_sharding, repl), out_shardings=repl)
-  return Steps(model, tx, cfg, shardings, abstract, batch_sharding, with_rules(init), with_rules(train),
-               with_rules(evaluate))
+                  "init_from", "eval_batch_size", "sharding", "sharding_rules", "mesh", "max_nonfinite_steps",
+                  "startup_timeout")
 
 
 def manifest(config, tokenizer, mesh, model: Pretrainer) -> dict:
@@ -220,14 +123,12 @@ class _Preemption:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   """Pretrains as the config says, writing metrics, TensorBoard events and checkpoints to workdir.
 
-  The mesh, logical axis rules and SIGTERM handler it installs for the run are undone on return, so a
-  caller (a notebook, a test) keeps a clean process."""
+  The SIGTERM handler it installs for the run is undone on return, so a caller (a notebook, a test) keeps
+  a clean process."""
   old_handler = signal.getsignal(signal.SIGTERM)
   try:
     return _train_and_evaluate(config, workdir)
   finally:
-    jax.set_mesh(None)
-    nn.set_logical_axis_rules(())
     try:
       signal.signal(signal.SIGTERM, old_handler)
     except ValueError:  # not the main thread
@@ -248,7 +149,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   eval_bs = config.eval_batch_size or config.batch_size
   if eval_bs % n_dev:
     raise UserError(f"eval_batch_size={eval_bs} is not divisible by the {n_dev} devices; use a multiple of {n_dev}")
-  allreduce_s = distributed.startup_check(mesh, config.startup_timeout)
+  allreduce_s = runtime.startup_check(mesh, config.startup_timeout)
 
   # ---------------------------------------------------------------- Data
   t0 = time.time()
@@ -264,7 +165,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
               f"all-reduce self-test {allreduce_s:.2f}s")
 
   # ---------------------------------------------------------------- Model, optimizer, steps
-  steps = make_steps(config, mesh, tok.special)
+  steps = build.make_steps(config, mesh, tok.special)
 
   # ---------------------------------------------------------------- State
   # Resume order: (1) the latest checkpoint in workdir (same run, exact), (2) weights from
@@ -310,7 +211,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     # Non-finite guard: read the previous step's flag (already computed, so no pipeline stall).
     if prev_skipped is not None:
       bad_in_a_row = bad_in_a_row + 1 if float(prev_skipped) > 0 else 0
-    prev_skipped = metrics["skipped"][0]
+    prev_skipped = metrics["skipped"].value
     if bad_in_a_row >= config.max_nonfinite_steps:
       save(done)
       ckpt.close()
@@ -319,10 +220,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
                       "rate, check the data, or use float32")
     if done % config.log_every == 0 or done == config.total_steps:
       summed = functools.reduce(sum_metrics, pending)
-      values = {f"train/{k}": v for k, v in finalize(jax.device_get(summed)).items()}
-      values["train/skipped"] = float(summed["skipped"][0])  # a count over the window, not a mean
+      values = {f"train/{k}": v for k, v in finalize(jax.device_get(summed)).items()}  # skipped: a Sum
       dt = time.time() - t_log
-      values["lr"] = float(optim.schedule(config)(done - 1))
+      values["lr"] = float(optim.pretraining_schedule(config)(done - 1))
       values["tokens_per_sec"] = (done - step_log) * tokens_per_step / dt
       if peak:
         values["mfu"] = values["tokens_per_sec"] * flops_per_token / peak

@@ -18,6 +18,11 @@ SCHEMES = ("token", "whole_word", "ngram", "span")
 
 @dataclasses.dataclass(frozen=True)
 class MaskingConfig:
+  """A masking scheme, its rates, and the vocabulary facts it needs (from the run's tokenizer)."""
+
+  special_ids: tuple  # never masked, never drawn as a random replacement: (pad, unk, cls, sep, mask)
+  mask_id: int  # the [MASK] token
+  vocab_size: int  # random replacements are drawn from 0..vocab_size-1
   scheme: str = "token"
   mask_prob: float = 0.15
   max_predictions: int = 20
@@ -98,16 +103,14 @@ def _select_words(rng, candidates, word_start, n, cfg):
   return jax.vmap(lambda r, u, k: _select_spans_one(r, u, k, probs))(rngs, unit, n)
 
 
-def mask_batch(rng, input_ids, word_start, *, special_ids, mask_id: int, vocab_size: int, cfg: MaskingConfig):
+def mask_batch(rng, input_ids, word_start, cfg: MaskingConfig):
   """Masks a batch of token ids [B, S].
 
   Args:
     rng: fold (seed, step) into it for dynamic masking: a fresh mask every step, reproducible.
     input_ids: int32 [B, S], padding and special tokens included.
     word_start: bool [B, S], True where a token begins a whole word (whole-word/n-gram/span schemes).
-    special_ids: ids never masked (pad, cls, sep, mask, unk).
-    mask_id, vocab_size: the [MASK] id and the range random replacements are drawn from.
-    cfg: the scheme and its rates.
+    cfg: the scheme, its rates, the ids never masked, [MASK]'s id and the vocabulary size.
 
   Returns a dict: `input_ids` (corrupted), `mlm_positions` int32 [B, P], `mlm_labels` int32 [B, P]
   (original ids), `mlm_weights` float32 [B, P] (1 for a real prediction, 0 for padding slots).
@@ -115,7 +118,7 @@ def mask_batch(rng, input_ids, word_start, *, special_ids, mask_id: int, vocab_s
   if cfg.scheme not in SCHEMES:
     raise ValueError(f"unknown masking scheme {cfg.scheme!r}")
   r_select, r_action, r_random = jax.random.split(rng, 3)
-  candidates = ~jnp.isin(input_ids, jnp.asarray(special_ids, input_ids.dtype))
+  candidates = ~jnp.isin(input_ids, jnp.asarray(cfg.special_ids, input_ids.dtype))
   n = _budget(candidates, cfg)
   if cfg.scheme == "token":
     selected, owner = _select_tokens(r_select, candidates, n, cfg)
@@ -125,9 +128,9 @@ def mask_batch(rng, input_ids, word_start, *, special_ids, mask_id: int, vocab_s
   u = jax.random.uniform(r_action, input_ids.shape)
   if cfg.scheme == "span":
     u = jnp.take_along_axis(u, owner, axis=1)
-  random_ids = jax.random.randint(r_random, input_ids.shape, 0, vocab_size, input_ids.dtype)
-  random_ids = jnp.where(jnp.isin(random_ids, jnp.asarray(special_ids, input_ids.dtype)), input_ids, random_ids)
-  corrupted = jnp.where(u < cfg.mask_token_prob, mask_id,
+  random_ids = jax.random.randint(r_random, input_ids.shape, 0, cfg.vocab_size, input_ids.dtype)
+  random_ids = jnp.where(jnp.isin(random_ids, jnp.asarray(cfg.special_ids, input_ids.dtype)), input_ids, random_ids)
+  corrupted = jnp.where(u < cfg.mask_token_prob, cfg.mask_id,
                         jnp.where(u < cfg.mask_token_prob + cfg.random_token_prob, random_ids, input_ids))
   masked_ids = jnp.where(selected, corrupted, input_ids)
   # Gather the selected positions (in order) into max_predictions slots.

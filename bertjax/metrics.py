@@ -1,13 +1,55 @@
-"""Metric pairs (sum, count) added up on device and divided on report; the jsonl/TensorBoard/console writer."""
+"""Metric values that add up on device and are computed only on report (Mean, Sum, AUC); the
+jsonl/TensorBoard/console writer.
+
+A step returns a flat dict name -> metric; dicts of several steps or eval batches add up leaf by leaf
+(`sum_metrics`), and `finalize` turns each into a float the way its type says.
+"""
 
 import json
 import os
 import sys
 
+import flax
 import jax
 import numpy as np
 
-from bertjax.objectives.rtd import auc_from_histograms
+
+@flax.struct.dataclass
+class Mean:
+  """A weighted mean carried as (total, count): a loss summed over its targets and their number, an
+  accuracy as correct and scored, a norm with count 1 (Flax's `denominator` idea)."""
+
+  total: jax.Array
+  count: jax.Array
+
+  def compute(self) -> float:
+    return float(np.asarray(self.total) / max(float(np.asarray(self.count)), 1e-12))
+
+
+@flax.struct.dataclass
+class Sum:
+  """A count over the reported window (e.g. skipped steps), not divided by anything."""
+
+  value: jax.Array
+
+  def compute(self) -> float:
+    return float(np.asarray(self.value))
+
+
+@flax.struct.dataclass
+class AUC:
+  """ROC AUC from histograms of the scores of positives and negatives (per probability bin), which add
+  up over batches; ties within a bin count half."""
+
+  positives: jax.Array
+  negatives: jax.Array
+
+  def compute(self) -> float:
+    pos, neg = np.asarray(self.positives, np.float64), np.asarray(self.negatives, np.float64)
+    if pos.sum() == 0 or neg.sum() == 0:
+      return float("nan")
+    neg_below = np.cumsum(neg) - neg
+    return float((pos * (neg_below + 0.5 * neg)).sum() / (pos.sum() * neg.sum()))
 
 
 def sum_metrics(a: dict, b: dict) -> dict:
@@ -15,14 +57,8 @@ def sum_metrics(a: dict, b: dict) -> dict:
 
 
 def finalize(metrics: dict) -> dict:
-  """name -> float: sum / count, or an AUC from score histograms for names ending in `auc`."""
-  out = {}
-  for name, (num, den) in metrics.items():
-    if name.endswith("auc"):
-      out[name] = auc_from_histograms(num, den)
-    else:
-      out[name] = float(np.asarray(num) / max(float(np.asarray(den)), 1e-12))
-  return out
+  """name -> float, each metric computed as its type says."""
+  return {name: metric.compute() for name, metric in metrics.items()}
 
 
 def _fmt_time(seconds: float) -> str:

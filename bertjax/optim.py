@@ -1,4 +1,7 @@
-"""Optimizers from the config: AdamW or ALBERT's LAMB, the reference schedules, decay mask, clipping.
+"""Optimizers: AdamW or ALBERT's LAMB, the reference schedules, decay mask, clipping.
+
+`make(optimizer_config, schedule(kind, peak, warmup, total))` is the one factory: pretraining passes its
+config's `optimizer` section and run length, fine-tuning its own (`for_pretraining` does the former).
 
 Schedules (`optimizer.schedule`), t the step (0-based, the step the rate is used for), w warmup, T total:
   linear   BERT / ALBERT `optimization.py`: peak * t / w while t < w, then peak * (1 - t / T)
@@ -28,10 +31,8 @@ _NO_DECAY = ("bias", "scale")  # LayerNorm scale/bias and every bias: BERT's ["L
 SCHEDULES = ("linear", "linear_after_warmup", "electra", "cosine")
 
 
-def schedule(config) -> optax.Schedule:
+def schedule(kind: str, peak: float, warmup: int, total: int) -> optax.Schedule:
   """The learning rate at each step (see the module docstring for the formulas and their sources)."""
-  peak, warmup, total = config.learning_rate, config.warmup_steps, config.total_steps
-  kind = config.optimizer.schedule
   if kind == "cosine":
     return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, total, 0.0)
   if kind == "linear_after_warmup":
@@ -110,11 +111,22 @@ def lamb(learning_rate, b1: float, b2: float, eps: float, weight_decay: float) -
   )
 
 
-def make(config) -> optax.GradientTransformation:
-  """The config's optimizer: global-norm clipping then AdamW or LAMB with the same decay mask."""
-  o = config.optimizer
+def make(o, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
+  """Global-norm clipping then AdamW or LAMB with the same decay mask, from an `optimizer` config section
+  (name, b1, b2, eps, weight_decay, clip_norm) and a learning rate or schedule."""
   if o.name == "lamb":
-    opt = lamb(schedule(config), o.b1, o.b2, o.eps, o.weight_decay)
+    opt = lamb(learning_rate, o.b1, o.b2, o.eps, o.weight_decay)
   else:
-    opt = optax.adamw(schedule(config), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask)
+    opt = optax.adamw(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask)
   return optax.chain(optax.clip_by_global_norm(o.clip_norm), opt) if o.clip_norm else opt
+
+
+def pretraining_schedule(config) -> optax.Schedule:
+  """A pretraining config's schedule: optimizer.schedule from 0 to learning_rate over warmup_steps, down
+  to 0 at total_steps."""
+  return schedule(config.optimizer.schedule, config.learning_rate, config.warmup_steps, config.total_steps)
+
+
+def for_pretraining(config) -> optax.GradientTransformation:
+  """A pretraining config's optimizer."""
+  return make(config.optimizer, pretraining_schedule(config))

@@ -5,6 +5,7 @@ a preset's rule list, chosen by `--config.sharding`. Parameter axes and activati
 that, e.g., FSDP can shard the `embed` dimension of weights while activations stay batch-sharded.
 """
 
+import contextlib
 import math
 
 import jax
@@ -54,11 +55,40 @@ PRESETS = {
 }
 
 
-def rules_for(preset: str):
-  """The logical axis rules of a preset, as `nn.logical_axis_rules` takes them."""
+LOGICAL_AXES = (LAYERS, VOCAB, EMBED, MLP, HEADS, KV, BATCH, LENGTH, ACT_EMBED)
+
+
+def rules_for(preset: str, explicit: str = ""):
+  """The logical axis rules, as `nn.logical_axis_rules` takes them: the preset's, or `explicit` ones
+  (`--config.sharding_rules`, "logical=mesh[+mesh],...": "embed=fsdp,activation_batch=data+fsdp";
+  "vocab=" replicates) in their place, as MaxText's and t5x's configs allow."""
   if preset not in PRESETS:
     raise UserError(f"unknown sharding preset {preset!r}; use one of {', '.join(PRESETS)} (--config.sharding=...)")
-  return PRESETS[preset]["rules"]
+  if not explicit:
+    return PRESETS[preset]["rules"]
+  rules = []
+  for item in explicit.split(","):
+    logical, eq, axes = (part.strip() for part in item.partition("="))
+    names = tuple(a for a in axes.split("+") if a)
+    bad = [a for a in names if a not in MESH_AXES]
+    if not eq or logical not in LOGICAL_AXES or bad:
+      raise UserError(f"sharding rule {item.strip()!r} is not LOGICAL=MESH[+MESH] with LOGICAL one of "
+                      f"{', '.join(LOGICAL_AXES)} and MESH one of {', '.join(MESH_AXES)}; fix --config.sharding_rules")
+    rules.append((logical, names[0] if len(names) == 1 else (names or None)))
+  return tuple(rules)
+
+
+def config_rules(config):
+  """The run's rules: --config.sharding's preset, or --config.sharding_rules in their place."""
+  return rules_for(config.sharding, config.get("sharding_rules", ""))
+
+
+@contextlib.contextmanager
+def activate(mesh, rules):
+  """The mesh and logical axis rules in force: what tracing, lowering and compiling a step under
+  logical sharding constraints needs (the one place both are set)."""
+  with nn.logical_axis_rules(rules), jax.set_mesh(mesh):
+    yield
 
 
 def mesh_shape(preset: str, num_devices: int, overrides=None) -> dict:

@@ -17,6 +17,7 @@ import optax
 from flax import linen as nn
 
 from bertjax import masking, objectives
+from bertjax.metrics import Mean, Sum
 
 # Every random use in a step has its own stream; a stream's key is folded from (seed, step, the stream's
 # name, microbatch index), so streams cannot collide by sharing a small integer (the masking key was once
@@ -51,18 +52,14 @@ class StepConfig:
   """What the step needs besides model and optimizer (hashable: it is bound statically)."""
 
   seed: int
-  masking: masking.MaskingConfig
-  special_ids: tuple  # never masked
-  mask_id: int
-  vocab_size: int
+  masking: masking.MaskingConfig  # scheme, rates and the tokenizer's special ids
   objectives: tuple  # ((name, weight), ...)
   grad_accum_steps: int = 1
 
 
 def apply_masking(rng, batch, cfg: StepConfig):
   """The batch with MLM masking applied on device (original ids kept for labels and RTD)."""
-  masked = masking.mask_batch(rng, batch["input_ids"], batch["word_start"], special_ids=cfg.special_ids,
-                              mask_id=cfg.mask_id, vocab_size=cfg.vocab_size, cfg=cfg.masking)
+  masked = masking.mask_batch(rng, batch["input_ids"], batch["word_start"], cfg.masking)
   out = dict(batch, original_ids=batch["input_ids"], **masked)
   out["mlm_weights"] = masked["mlm_weights"] * batch["example_weight"][:, None]  # padded eval rows
   return out
@@ -78,7 +75,7 @@ def eval_batch(batch, index, cfg: StepConfig):
   return apply_masking(stream_key(EVAL_SEED, index, "eval/masking"), batch, cfg)
 
 
-def _loss_fn(params, batch, rngs, model, cfg: StepConfig, deterministic: bool, denominators=None):
+def _loss_fn(params, batch, rngs, model, cfg: StepConfig, *, deterministic: bool, denominators=None):
   """Total loss and metrics of an already masked batch (`denominators`: see objectives.total_loss)."""
   outputs = model.clone(deterministic=deterministic).apply({"params": params}, batch, rngs=rngs)
   return objectives.total_loss(dict(cfg.objectives), outputs, batch, denominators)
@@ -106,8 +103,8 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
   k = cfg.grad_accum_steps
 
   def micro(i, mb):
-    (_, metrics), grads = grad_fn(state.params, mb, model_rngs(cfg.seed, state.step, i), model, cfg, False,
-                                     denominators)
+    (_, metrics), grads = grad_fn(state.params, mb, model_rngs(cfg.seed, state.step, i), model, cfg,
+                                  deterministic=False, denominators=denominators)
     return grads, metrics
 
   if k == 1:
@@ -121,9 +118,9 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
       return _add(acc, micro(*xs)), None
 
     (grads, metrics), _ = jax.lax.scan(body, zeros, (jnp.arange(k), mbs))
-    metrics["loss"] = (metrics["loss"][0], 1.0)  # the microbatch losses add up to the batch loss
+    metrics["loss"] = Mean(metrics["loss"].total, 1.0)  # the microbatch losses add up to the batch loss
   grad_norm = optax.tree.norm(grads)
-  finite = jnp.isfinite(metrics["loss"][0]) & jnp.isfinite(grad_norm)
+  finite = jnp.isfinite(metrics["loss"].total) & jnp.isfinite(grad_norm)
   # Skip a non-finite step: keep the old params and optimizer state (the step counter still advances,
   # so the next step sees new data and masks rather than the same poisoned batch). A cond, not a select
   # between old and new state: the select is one more pass over params and optimizer state (~5% of a
@@ -140,10 +137,10 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
 
   params, opt_state, update_norm = jax.lax.cond(finite, apply_update, skip_update, None)
   metrics.update(
-      grad_norm=(grad_norm, 1.0),
-      param_norm=(optax.tree.norm(params), 1.0),
-      update_norm=(update_norm, 1.0),
-      skipped=(1.0 - finite.astype(jnp.float32), 1.0),
+      grad_norm=Mean(grad_norm, 1.0),
+      param_norm=Mean(optax.tree.norm(params), 1.0),
+      update_norm=Mean(update_norm, 1.0),
+      skipped=Sum(1.0 - finite.astype(jnp.float32)),
   )
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
@@ -152,5 +149,6 @@ def eval_step(params, batch, index, *, model: nn.Module, cfg: StepConfig):
   """Metric sums on one eval batch; its masks depend only on the batch index, so every eval of a run
   (and of runs with other seeds) scores the same masked positions."""
   batch = eval_batch(batch, index, cfg)
-  _, metrics = _loss_fn(params, batch, {"sample": stream_key(EVAL_SEED, index, "eval/sample")}, model, cfg, True)
+  _, metrics = _loss_fn(params, batch, {"sample": stream_key(EVAL_SEED, index, "eval/sample")}, model, cfg,
+                        deterministic=True)
   return metrics

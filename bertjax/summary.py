@@ -11,20 +11,12 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import config as config_lib, flops
+from bertjax import build, config as config_lib, flops, runtime
 from bertjax.errors import cli, run
 
 # Top-level modules of each network (ELECTRA); the rest of the models are one network.
 GENERATOR = ("embeddings", "generator_encoder", "generator_mlm")
 DISCRIMINATOR = ("embeddings", "encoder", "rtd", "sentence")
-
-
-def param_shapes(config):
-  """(the config's pretraining model, its parameter shapes; no memory allocated)."""
-  from bertjax import loop
-  from bertjax.interop import convert
-
-  return loop.make_model(config), convert.param_shapes(config)
 
 
 def count(tree) -> int:
@@ -44,14 +36,13 @@ def table(params, depth: int = 2) -> list:
 def summarize(config) -> str:
   """The summary text of a config (what the CLI prints)."""
   config_lib.validate(config)
-  model, params = param_shapes(config)
-  mc = config_lib.masking_config(config)
+  model, params = build.make_model(config), build.param_shapes(config)
+  predictions = config_lib.max_predictions(config)
   lines = [f"{'module':<48} {'params':>14}", "-" * 63]
   lines += [f"{name:<48} {n:>14,}" for name, n in table(params)]
   lines.append("-" * 63)
-  fpt = flops.train_flops_per_token(model.cfg, config.seq_len, mc.max_predictions, model.generator,
-                                    model.sentence_head)
-  lines.append(f"train FLOPs per token: {fpt:,.0f} (seq_len {config.seq_len}, {mc.max_predictions} MLM predictions)")
+  fpt = flops.train_flops_per_token(model.cfg, config.seq_len, predictions, model.generator, model.sentence_head)
+  lines.append(f"train FLOPs per token: {fpt:,.0f} (seq_len {config.seq_len}, {predictions} MLM predictions)")
   if model.generator is not None:
     pick = lambda names: {k: v for k, v in params.items() if k in names}
     lines.append(f"generator params: {count(pick(GENERATOR))}")
@@ -63,11 +54,12 @@ def summarize(config) -> str:
 @cli
 def main(argv):
   del argv
+  runtime.setup()
   print(summarize(flags.FLAGS.config))
 
 
 if __name__ == "__main__":
-  # Flags are defined only when run as a program: importing this module (param_shapes, summarize) must
+  # Flags are defined only when run as a program: importing this module (summarize) must
   # not add a required --config to the process's absl flags.
   config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:base", lock_config=True)
   flags.mark_flags_as_required(["config"])

@@ -4,7 +4,9 @@ import os
 
 import pytest
 
-from bertjax import config as config_lib
+from bertjax import config as config_lib, runtime
+
+runtime.setup()  # as every entry point does, before JAX runs anything
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -12,7 +12,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, if not installed
 from conftest import micro  # noqa: E402
 
-from bertjax import loop, sharding  # noqa: E402
+from bertjax import build, loop, sharding  # noqa: E402
+from bertjax.data.tokenizer import SPM_SPECIAL  # noqa: E402
 
 STEPS = 3
 
@@ -36,12 +37,12 @@ def run(config, devices, preset):
   config = config.copy_and_resolve_references()
   config.sharding = preset
   mesh = sharding.make_mesh(preset, devices=devices)
-  steps = loop.make_steps(config, mesh)
+  steps = build.make_steps(config, mesh, SPM_SPECIAL)
   state = steps.init(jax.random.key(config.seed))
   losses = []
   for batch in _batches(config, STEPS):
     state, metrics = steps.train(state, loop.global_batch(batch, steps.batch_sharding))
-    losses.append(float(metrics["loss"][0]))
+    losses.append(metrics["loss"].compute())
   return losses, jax.tree.map(np.asarray, jax.device_get(state.params))
 
 
@@ -67,7 +68,7 @@ def restore_elsewhere(config, workdir):
   from bertjax import checkpoint
 
   mesh = sharding.make_mesh("dp", devices=jax.devices())
-  steps = loop.make_steps(config, mesh)
+  steps = build.make_steps(config, mesh, SPM_SPECIAL)
   state = steps.init(jax.random.key(0))
   state, _ = steps.train(state, loop.global_batch(_batches(config, 1)[0], steps.batch_sharding))
   ckpt = checkpoint.Checkpointer(workdir)
@@ -78,7 +79,7 @@ def restore_elsewhere(config, workdir):
   for preset, devices in (("fsdp_tp", jax.devices()), ("dp", jax.devices()[:1])):
     c = config.copy_and_resolve_references()
     c.sharding = preset
-    target = loop.make_steps(c, sharding.make_mesh(preset, devices=devices))
+    target = build.make_steps(c, sharding.make_mesh(preset, devices=devices), SPM_SPECIAL)
     restored = ckpt.restore(target.abstract_state)
     leaves = jax.tree.leaves(restored.params)
     out[preset] = dict(

@@ -92,7 +92,7 @@ def test_libtpu_without_a_tpu_prints_nothing(tmp_path):
   import sys
 
   assert importlib.util.find_spec("libtpu") is not None, "the test extra installs jax[tpu]"
-  code = "import bertjax, jax; print(jax.devices()[0].platform)"
+  code = "from bertjax import runtime; runtime.setup(); import jax; print(jax.devices()[0].platform)"
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                         env={k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"})
   assert proc.returncode == 0 and proc.stdout.strip() == "cpu" and not proc.stderr.strip(), proc.stderr

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax import bench, config as config_lib, flops, loop
+from bertjax import bench, build, config as config_lib, flops
+from bertjax.data.tokenizer import SPM_SPECIAL
 from bertjax.errors import UserError
 from conftest import REPO, micro
 
@@ -35,8 +36,8 @@ def test_bench_cli_prints_one_json_object():
   assert result["step_seconds_min"] <= result["step_seconds"] <= result["step_seconds_max"]
   # The FLOPs are summary's analytic count for this model; the CPU peak is a matmul measured in the run.
   config = micro("configs/bert.py:tiny")
-  model = loop.make_model(config)
-  expected = flops.train_flops_per_token(model.cfg, 64, config_lib.masking_config(config).max_predictions,
+  model = build.make_model(config)
+  expected = flops.train_flops_per_token(model.cfg, 64, config_lib.max_predictions(config),
                                          model.generator, model.sentence_head)
   assert result["model_flops_per_token"] == pytest.approx(expected)
   assert result["peak_flops_source"] == "measured_matmul_2048"
@@ -46,7 +47,7 @@ def test_bench_cli_prints_one_json_object():
 def test_synthetic_batch_is_a_valid_pair_batch():
   config = micro("configs/bert.py:tiny")
   batch = bench.synthetic_batch(config, 8)
-  ids, sp = batch["input_ids"], loop.DEFAULT_SPECIAL
+  ids, sp = batch["input_ids"], SPM_SPECIAL
   assert ids.shape == (8, 64) and (ids[:, 0] == sp.cls).all() and (ids[:, -1] == sp.sep).all()
   assert ((ids == sp.sep).sum(1) == 2).all(), "one [SEP] after A and one after B"
   assert ids.max() < config.model.vocab_size and not np.isin(ids, [sp.pad, sp.unk, sp.mask]).any()

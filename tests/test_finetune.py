@@ -9,8 +9,8 @@ import pytest
 import tokenizers
 
 from bertjax.data import sources
-from bertjax.downstream import data as task_data, metrics
-from bertjax.downstream.model import layer_multipliers
+from bertjax.finetune import data as task_data, metrics
+from bertjax.finetune.model import layer_multipliers
 from bertjax.interop import convert
 from bertjax.model.encoder import EncoderConfig
 from conftest import load_config, micro
@@ -100,7 +100,7 @@ def _pair_task(directory, n_train=3000, n_eval=300):
 
 def test_tiny_model_learns_a_generated_pair_task(tmp_path, capsys):
   from bertjax.data.tokenizer import load_tokenizer
-  from bertjax.downstream import train
+  from bertjax.finetune import train
 
   task_dir, ckpt = tmp_path / "task", str(tmp_path / "hf")
   task_dir.mkdir()
@@ -144,7 +144,7 @@ def test_a_workdir_without_a_pooler_has_no_extra_pooler(tmp_path):
 
 
 def test_epoch_modes_count_steps_and_batches_as_their_references():
-  from bertjax.downstream import train as ft
+  from bertjax.finetune import train as ft
 
   config = load_config("configs/finetune.py:sst2")
   config.batch_size, config.epochs, config.total_steps = 32, 3.0, 0

@@ -11,13 +11,14 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import config as config_lib
-from bertjax.data.tokenizer import SpecialIds
-from bertjax.downstream import train as ft
-from bertjax.downstream.model import Classifier, init_params
+from bertjax import build, config as config_lib
+from bertjax.data.tokenizer import SPM_SPECIAL
+from bertjax.finetune import train as ft
+from bertjax.finetune.model import Classifier, init_params
 from bertjax.interop import convert, weights as W
 from conftest import load_config, micro
 
@@ -26,7 +27,7 @@ transformers = pytest.importorskip("transformers")
 from bertjax.interop import torch_reference as ref  # noqa: E402  (needs torch)
 
 STEPS, LOSS_RTOL, PARAM_TOL, FLOOR = 20, 1e-3, 1e-3, 1e-3  # FLOOR: see tests/test_parity.py
-SPECIAL = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
+SPECIAL = SPM_SPECIAL
 CASES = {  # name: (pretraining config, outputs, schedule, layer-wise decay)
     "bert-2": ("configs/bert.py:tiny", 2, "linear", 1.0),
     "bert-3": ("configs/bert.py:tiny", 3, "linear_after_warmup", 1.0),
@@ -58,7 +59,7 @@ def random_params(config, seed=1):
       return np.full(shape.shape, float(name == "scale"), np.float32)
     return rng.normal(0, 0.02, shape.shape).astype(np.float32)
 
-  return jax.tree_util.tree_map_with_path(draw, convert.param_shapes(config))
+  return jax.tree_util.tree_map_with_path(draw, build.param_shapes(config))
 
 
 def batches(n_outputs, vocab, b=8, s=32):
@@ -110,7 +111,9 @@ def test_finetuning_steps_match_transformers(case, tmp_path):
       module.weight.copy_(torch.tensor(initial[ours]["kernel"].T))
       module.bias.copy_(torch.tensor(initial[ours]["bias"]))
   hf = ref.reference_semantics(hf)
-  view = ft._optimizer_view(config, total, warmup)
+  # The pretraining-shaped keys the reference side reads, over this task's step counts.
+  view = ml_collections.ConfigDict(dict(learning_rate=config.learning_rate, warmup_steps=warmup, total_steps=total,
+                                        optimizer=config.optimizer.to_dict()))
   scale = (lambda n: electra_layer_rate(n, enc.num_layers, layerwise)) if layerwise < 1 else None
   opt, sched, torch_params = ref.adamw(view, [hf], scale)
 
@@ -142,7 +145,7 @@ def test_finetuning_steps_match_transformers(case, tmp_path):
 
 def test_electra_layerwise_rates_follow_the_reference_formula():
   """bertjax's multipliers (on its own tree) equal _get_layer_lrs on the HF names of the same tensors."""
-  from bertjax.downstream.model import layer_multipliers
+  from bertjax.finetune.model import layer_multipliers
 
   pre = micro("configs/electra.py:tiny", **{"model.num_layers": 3})
   enc = config_lib.encoder_config(pre.model)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from absl import flags
 
-from bertjax import config as config_lib, hf
+from bertjax import build, config as config_lib, hf
 from bertjax.interop import convert, safetensors_io
 from conftest import micro
 
@@ -73,7 +73,7 @@ def _random_params(config, seed=0):
     scale = getattr(path[-1], "key", "") == "scale"
     return (float(scale) + rng.normal(0, 0.05 if scale else 0.1, shape.shape)).astype(np.float32)
 
-  return jax.tree_util.tree_map_with_path(draw, convert.param_shapes(config))
+  return jax.tree_util.tree_map_with_path(draw, build.param_shapes(config))
 
 
 FAMILIES = {  # family: (bertjax config, overrides)

@@ -9,6 +9,7 @@ from bertjax import masking
 
 SPECIAL = (0, 1, 2, 3, 4)
 MASK, VOCAB = 4, 1000
+VOCAB_FACTS = (SPECIAL, MASK, VOCAB)  # MaskingConfig's special_ids, mask_id, vocab_size
 B, S = 256, 128
 
 
@@ -25,8 +26,8 @@ def _batch(seed=0, word_prob=0.5):
 
 def _run(scheme, seed=0, **kw):
   ids, ws = _batch(seed)
-  cfg = masking.MaskingConfig(scheme=scheme, max_predictions=masking.max_predictions(S, kw.get("mask_prob", 0.15)), **kw)
-  out = jax.jit(lambda r: masking.mask_batch(r, ids, ws, special_ids=SPECIAL, mask_id=MASK, vocab_size=VOCAB, cfg=cfg))(
+  cfg = masking.MaskingConfig(*VOCAB_FACTS, scheme=scheme, max_predictions=masking.max_predictions(S, kw.get("mask_prob", 0.15)), **kw)
+  out = jax.jit(lambda r: masking.mask_batch(r, ids, ws, cfg))(
       jax.random.key(seed))
   out = jax.tree.map(np.asarray, out)
   chosen = np.zeros_like(ids, bool)
@@ -78,8 +79,8 @@ def test_electra_85_15_no_random():
 def test_fresh_mask_per_rng_and_reproducible():
   _, _, a, _ = _run("token", seed=0)
   ids, ws = _batch(0)
-  cfg = masking.MaskingConfig(max_predictions=20)
-  f = lambda r: masking.mask_batch(r, ids, ws, special_ids=SPECIAL, mask_id=MASK, vocab_size=VOCAB, cfg=cfg)
+  cfg = masking.MaskingConfig(*VOCAB_FACTS, max_predictions=20)
+  f = lambda r: masking.mask_batch(r, ids, ws, cfg)
   same = f(jax.random.key(0))
   other = f(jax.random.key(1))
   np.testing.assert_array_equal(np.asarray(same["mlm_positions"]), a["mlm_positions"])
@@ -125,7 +126,7 @@ def _span_lengths(scheme, **kw):
 def test_ngram_span_statistics():
   """ALBERT n-grams: p(n) proportional to 1/n for n <= 3, so the mean span is (1+1+1)/(1+1/2+1/3) = 1.64.
   Adjacent spans merge into longer runs, so runs are somewhat longer than spans, but never unbounded."""
-  probs = masking.span_length_probs(masking.MaskingConfig(scheme="ngram"))
+  probs = masking.span_length_probs(masking.MaskingConfig(*VOCAB_FACTS, scheme="ngram"))
   np.testing.assert_allclose(probs, np.array([1, 1 / 2, 1 / 3]) / (1 + 1 / 2 + 1 / 3))
   lengths = _span_lengths("ngram")
   whole = _span_lengths("whole_word")
@@ -135,7 +136,7 @@ def test_ngram_span_statistics():
 
 
 def test_span_scheme_is_geometric_and_clipped():
-  cfg = masking.MaskingConfig(scheme="span", span_p=0.2, max_span=10)
+  cfg = masking.MaskingConfig(*VOCAB_FACTS, scheme="span", span_p=0.2, max_span=10)
   probs = masking.span_length_probs(cfg)
   assert len(probs) == 10 and np.isclose(probs.sum(), 1)
   np.testing.assert_allclose(probs[1:] / probs[:-1], 0.8)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bertjax import sharding, summary
+from bertjax import build, sharding, summary
 from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig
 from conftest import load_config
 
@@ -29,7 +29,7 @@ COUNTS = [
 def test_parameter_counts_match_published_models(spec, model_overrides, expected):
   c = load_config(spec)
   c.model.update(model_overrides)
-  _, params = summary.param_shapes(c)
+  params = build.param_shapes(c)
   assert summary.count(params) == expected
 
 

@@ -11,6 +11,15 @@ NOTEBOOK = os.path.join(REPO, "notebooks", "quickstart.ipynb")
 STEPS = 20
 
 
+def test_the_first_cell_needs_no_editing_on_colab():
+  """The source is a form field (empty: a checkout beside the notebook or uploaded is found), never a
+  placeholder URL to edit; without either, one line says what to set."""
+  with open(NOTEBOOK) as f:
+    first = "".join(next(c for c in json.load(f)["cells"] if c["cell_type"] == "code")["source"])
+  assert 'REPO_URL = ""  # @param {type:"string"}' in first
+  assert "github.com/ORG" not in first and "raise SystemExit(\"bertjax not found: set REPO_URL" in first
+
+
 def test_quickstart_notebook_executes(tmp_path, monkeypatch):
   nbformat = pytest.importorskip("nbformat")
   nbclient = pytest.importorskip("nbclient")

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import config as config_lib, loop, objectives, sharding, step as step_lib
+from bertjax import build, objectives, sharding, step as step_lib
+from bertjax.data.tokenizer import SPM_SPECIAL
 from bertjax.model import pretrain
 from conftest import micro
 
@@ -24,13 +25,10 @@ def _batch(config, seed=0):
 
 
 def _setup(config):
-  model = loop.make_model(config)
+  model = build.make_model(config)
   params = sharding.strip_boxes(model.init({"params": jax.random.key(0), "sample": jax.random.key(1),
-                                            "dropout": jax.random.key(2)}, loop.dummy_batch(config))["params"])
-  cfg = step_lib.StepConfig(
-      seed=0, masking=config_lib.masking_config(config), special_ids=(0, 1, 2, 3, 4),
-      mask_id=4, vocab_size=config.model.vocab_size,
-      objectives=tuple(config_lib.active_objectives(config).items()))
+                                            "dropout": jax.random.key(2)}, build.dummy_batch(config))["params"])
+  cfg = build.step_config(config, SPM_SPECIAL)
   return model, params, cfg
 
 
@@ -65,7 +63,7 @@ def test_discriminator_loss_does_not_reach_the_generator_through_sampling():
   model, params, cfg = _setup(config)
   cfg = step_lib.StepConfig(**{**cfg.__dict__, "objectives": (("rtd", 50.0),)})
   batch = step_lib.apply_masking(jax.random.key(3), _batch(config), cfg)
-  grads = jax.grad(lambda p: step_lib._loss_fn(p, batch, jax.random.key(0), model, cfg, True)[0])(params)
+  grads = jax.grad(lambda p: step_lib._loss_fn(p, batch, jax.random.key(0), model, cfg, deterministic=True)[0])(params)
   gen = [np.abs(np.asarray(g)).max() for g in jax.tree.leaves({k: grads[k] for k in ("generator_encoder", "generator_mlm")})]
   disc = [np.abs(np.asarray(g)).max() for g in jax.tree.leaves(grads["encoder"])]
   assert max(gen) == 0.0, "RTD gradient leaked into the generator"
@@ -77,7 +75,7 @@ def test_generator_mlm_loss_trains_the_generator():
   model, params, cfg = _setup(config)
   cfg = step_lib.StepConfig(**{**cfg.__dict__, "objectives": (("mlm", 1.0),)})
   batch = step_lib.apply_masking(jax.random.key(3), _batch(config), cfg)
-  grads = jax.grad(lambda p: step_lib._loss_fn(p, batch, jax.random.key(0), model, cfg, True)[0])(params)
+  grads = jax.grad(lambda p: step_lib._loss_fn(p, batch, jax.random.key(0), model, cfg, deterministic=True)[0])(params)
   assert max(np.abs(np.asarray(g)).max() for g in jax.tree.leaves(grads["generator_encoder"])) > 0
 
 
@@ -107,15 +105,15 @@ def test_registry_combinations_weight_and_sum(spec, weights, expected_outputs):
 
 
 def test_auc_from_histograms_matches_pairwise_definition():
-  from bertjax.objectives.rtd import auc_from_histograms
+  from bertjax.metrics import AUC
 
   rng = np.random.default_rng(0)
   pos_scores, neg_scores = rng.beta(3, 2, 500), rng.beta(2, 3, 700)
   exact = (pos_scores[:, None] > neg_scores[None]).mean()
   bins = 1000
   hist = lambda s: np.bincount(np.minimum((s * bins).astype(int), bins - 1), minlength=bins)
-  assert abs(auc_from_histograms(hist(pos_scores), hist(neg_scores)) - exact) < 2e-3
-  assert auc_from_histograms(hist(neg_scores), hist(pos_scores)) < 0.5
+  assert abs(AUC(hist(pos_scores), hist(neg_scores)).compute() - exact) < 2e-3
+  assert AUC(hist(neg_scores), hist(pos_scores)).compute() < 0.5
 
 
 def test_sampling_temperature_flattens_the_generator_distribution():

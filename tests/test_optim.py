@@ -1,6 +1,7 @@
 """bertjax.optim: decay mask on real parameter trees, the schedules against the reference formulas,
 clipping, and LAMB against a NumPy transcription of google-research/albert's lamb_optimizer.py."""
 
+import functools
 import math
 import re
 
@@ -11,8 +12,7 @@ import optax
 import pytest
 from flax import linen as nn
 
-from bertjax import optim
-from bertjax.interop import convert
+from bertjax import build, optim
 from bertjax.model.encoder import is_stacked
 from conftest import micro
 
@@ -27,7 +27,7 @@ def _leaves(tree):
 @pytest.mark.parametrize("spec", ["configs/bert.py:tiny", "configs/albert.py:tiny", "configs/electra.py:tiny"])
 def test_decay_mask_excludes_every_bias_and_layernorm_and_nothing_else(spec):
   config = micro(spec, **({"model.num_layers": 4, "model.num_hidden_groups": 2} if "albert" in spec else {}))
-  shapes = convert.param_shapes(config)
+  shapes = build.param_shapes(config)
   mask = _leaves(optim.decay_mask(shapes))
   assert len(mask) > 20
   for path, decayed in mask.items():
@@ -43,11 +43,11 @@ def test_stacked_parameters_are_those_whose_leading_logical_axis_is_layers():
   """optim's per-layer trust ratio finds stacks by path; the model's logical axis names must agree."""
   config = micro("configs/albert.py:tiny", **{"model.num_layers": 4, "model.num_hidden_groups": 2,
                                               "model.sharing": "attention"})
-  boxed = jax.eval_shape(convert._init_fn(config), jax.random.key(0))
+  boxed = jax.eval_shape(functools.partial(build.init_params, build.make_model(config), config), jax.random.key(0))
   is_box = lambda x: isinstance(x, nn.Partitioned)
   first_axis = {"/".join(k.key for k in path): box.names[0]
                 for path, box in jax.tree_util.tree_leaves_with_path(boxed, is_leaf=is_box)}
-  stacked = _leaves(optim.stacked_mask(convert.param_shapes(config)))
+  stacked = _leaves(optim.stacked_mask(build.param_shapes(config)))
   assert first_axis.keys() == stacked.keys()
   assert any(stacked.values()) and not all(stacked.values())
   for path, is_stacked_leaf in stacked.items():
@@ -69,7 +69,7 @@ REFERENCE = dict(ref.SCHEDULES,
 @pytest.mark.parametrize("kind", sorted(REFERENCE))
 def test_schedule_matches_the_reference_formula(kind):
   peak, w, T = 1e-3, 100, 1000
-  lr = optim.schedule(_lr_config(kind, peak, w, T))
+  lr = optim.pretraining_schedule(_lr_config(kind, peak, w, T))
   for t in (0, w // 2, w, T // 2, T - 1):
     assert float(lr(t)) == pytest.approx(peak * REFERENCE[kind](t, w, T), rel=1e-5, abs=peak * 1e-6), t
 
@@ -79,7 +79,7 @@ def test_the_optimizer_steps_with_the_schedule(kind):
   """A constant gradient makes each AdamW update lr(t) x 1 (no decay, no clipping): the applied rates."""
   config = _lr_config(kind, peak=1e-2, warmup=4, total=12)
   config.optimizer.weight_decay, config.optimizer.clip_norm = 0.0, 0.0
-  tx = optim.make(config)
+  tx = optim.for_pretraining(config)
   params = {"w": jnp.ones(3)}
   state = tx.init(params)
   for t in range(12):
@@ -91,7 +91,7 @@ def test_the_optimizer_steps_with_the_schedule(kind):
 def test_gradients_are_clipped_to_global_norm_one(name):
   config = _lr_config("linear")
   config.optimizer.name = name
-  tx = optim.make(config)
+  tx = optim.for_pretraining(config)
   params = {"a": jnp.ones((2, 3)), "b": jnp.ones(4)}
   for scale, expected_norm in ((10.0, 1.0), (0.5, 0.5)):
     grads = {"a": jnp.full((2, 3), 1.0), "b": jnp.full(4, 1.0)}
@@ -159,13 +159,13 @@ def test_lamb_matches_albert_reference_per_layer(sharing, layers, groups):
   init = np.random.default_rng(1)
   params = jax.tree_util.tree_map_with_path(
       lambda p, s: (float(p[-1].key == "scale") + init.normal(0, 0.02, s.shape)).astype(np.float32),
-      convert.param_shapes(config))
+      build.param_shapes(config))
   rng = np.random.default_rng(0)
   grads = [jax.tree.map(lambda x: rng.normal(0, 0.05, x.shape).astype(np.float32), params) for _ in range(10)]
-  lrs = [float(optim.schedule(config)(t)) for t in range(10)]
+  lrs = [float(optim.pretraining_schedule(config)(t)) for t in range(10)]
 
-  tx = jax.jit(optim.make(config).update)
-  state, ours = optim.make(config).init(params), jax.tree.map(jnp.asarray, params)
+  tx = jax.jit(optim.for_pretraining(config).update)
+  state, ours = optim.for_pretraining(config).init(params), jax.tree.map(jnp.asarray, params)
   for g in grads:
     updates, state = tx(g, state, ours)
     ours = optax.apply_updates(ours, updates)
@@ -177,7 +177,7 @@ def test_lamb_matches_albert_reference_per_layer(sharing, layers, groups):
   for k in ref:
     np.testing.assert_allclose(mine[k], ref[k], atol=1e-5, rtol=0, err_msg=k)
   # optax.lamb (trust ratio on every tensor, whole stacks, Adam bias correction) is not this optimizer.
-  plain = optax.chain(optax.clip_by_global_norm(1.0), optax.lamb(optim.schedule(config), o.b1, o.b2, o.eps,
+  plain = optax.chain(optax.clip_by_global_norm(1.0), optax.lamb(optim.pretraining_schedule(config), o.b1, o.b2, o.eps,
                                                                   weight_decay=o.weight_decay, mask=optim.decay_mask))
   state, theirs, update = plain.init(params), jax.tree.map(jnp.asarray, params), jax.jit(plain.update)
   for g in grads:

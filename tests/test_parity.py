@@ -12,8 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import config as config_lib, loop, sharding, step as step_lib
-from bertjax.data.tokenizer import SpecialIds
+from bertjax import build, config as config_lib, sharding, step as step_lib
+from bertjax.data.tokenizer import SPM_SPECIAL
 from bertjax.interop import configs as hf_configs, convert
 from conftest import micro
 
@@ -25,7 +25,7 @@ STEPS, LOSS_RTOL, PARAM_TOL = 20, 1e-3, 1e-3
 # A tensor whose values stay below this is compared in absolute terms (PARAM_TOL x FLOOR): the attention
 # key bias has no gradient (softmax is shift-invariant), so both sides hold rounding noise ~1e-9 there.
 FLOOR = 1e-3
-SPECIAL = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)  # what make_steps masks with by default
+SPECIAL = SPM_SPECIAL
 
 FAMILIES = {  # family: (config, overrides)
     "bert": ("configs/bert.py:tiny", {}),
@@ -65,7 +65,7 @@ def host_batch(config, step: int) -> dict:
 def test_training_steps_match_transformers(family, tmp_path):
   config = parity_config(family)
   assert hf_configs.family_for(config) == family
-  steps = loop.make_steps(config, sharding.make_mesh("dp", devices=jax.devices()[:1]), SPECIAL)
+  steps = build.make_steps(config, sharding.make_mesh("dp", devices=jax.devices()[:1]), SPECIAL)
   state = steps.init(jax.random.key(config.seed))
   dirs = convert.write_hf(config, jax.tree.map(np.asarray, state.params), str(tmp_path / "hf"), special=SPECIAL)
   models = ref.load_pretraining(family, dirs)
@@ -82,7 +82,7 @@ def test_training_steps_match_transformers(family, tmp_path):
     if family == "electra":  # the generator's samples at the pre-step weights, as the train step draws them
       corrupted = np.asarray(forward(state.params, masked, t)["rtd_input_ids"])
     state, metrics = steps.train(state, batch)
-    ours.append(float(metrics["loss"][0]))
+    ours.append(metrics["loss"].compute())
     loss = ref.pretraining_loss(family, models, masked, objectives, corrupted)
     theirs.append(ref.train_step(loss, opt, sched, params, config.optimizer.clip_norm))
   np.testing.assert_allclose(ours, theirs, rtol=LOSS_RTOL)

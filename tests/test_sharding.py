@@ -26,6 +26,25 @@ def test_mesh_shapes_of_the_presets():
     sharding.rules_for("zero")
 
 
+def test_explicit_rules_from_the_config_replace_the_presets():
+  from flax import linen as nn
+  from jax.sharding import PartitionSpec as P
+
+  from conftest import micro
+
+  config = micro(sharding="dp", sharding_rules="activation_batch=data+fsdp, embed=fsdp, vocab=")
+  rules = sharding.config_rules(config)
+  assert rules == sharding.PRESETS["fsdp"]["rules"]  # the fsdp preset, written out
+  assert nn.logical_to_mesh_axes(("embed", "mlp"), rules) == P("fsdp", None)
+  config.sharding_rules = "mlp=tensor"
+  assert nn.logical_to_mesh_axes(("embed", "mlp"), sharding.config_rules(config)) == P(None, "tensor")
+  config.sharding_rules = ""
+  assert sharding.config_rules(config) == sharding.PRESETS["dp"]["rules"]
+  for bad in ("embed", "hidden=fsdp", "embed=model"):
+    with pytest.raises(UserError, match="fix --config.sharding_rules"):
+      sharding.rules_for("dp", bad)
+
+
 def test_presets_match_one_device_and_checkpoints_move_between_meshes(tmp_path):
   proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "sharded_equivalence.py"), str(tmp_path)], cwd=REPO,
                         env=dict(os.environ, **EIGHT),

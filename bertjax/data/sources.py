@@ -176,7 +176,7 @@ def import_tfds():
   except ImportError as e:
     raise UserError("tfds: sources need tensorflow-datasets; pip install 'bertjax[tfds]' "
                     "(tensorflow-datasets and tensorflow-cpu), or prepare the corpus as text files") from e
-  from bertjax.distributed import hide_accelerators_from_tensorflow
+  from bertjax.runtime import hide_accelerators_from_tensorflow
 
   hide_accelerators_from_tensorflow()  # TF must never take the GPU/TPU memory JAX needs
   return tfds

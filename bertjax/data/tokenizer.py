@@ -31,6 +31,16 @@ class SpecialIds:
   sep: int
   mask: int
 
+  @property
+  def never_masked(self) -> tuple:
+    """The ids MLM masking never chooses nor draws as a random replacement."""
+    return (self.pad, self.unk, self.cls, self.sep, self.mask)
+
+
+# bertjax's own SentencePiece layout (train_sentencepiece: pad 0, unk 1, then [CLS] [SEP] [MASK]); what
+# synthetic batches (bench, aot, tests) use when no tokenizer is at hand.
+SPM_SPECIAL = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
+
 
 def _read_bytes(path: str, what: str) -> bytes:
   """The bytes of the file at `path`, or a UserError naming `what` it should have been."""

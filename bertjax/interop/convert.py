@@ -16,11 +16,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import config as config_lib
+from bertjax import build, config as config_lib
 from bertjax.data.tokenizer import SentencePieceTokenizer, SpecialIds, Tokenizer, WordPieceTokenizer
 from bertjax.errors import UserError
 from bertjax.interop import configs, safetensors_io, tokenizers as hf_tokenizers, weights as W
-from bertjax.sharding import strip_boxes
 
 # HF tensors that are copies of others (tied decoders) or buffers: never "unused".
 _TIED = ("decoder.weight", "decoder.bias", "generator_lm_head.weight", "position_ids", "token_type_ids")
@@ -78,18 +77,6 @@ def _body(family: str, config, prefix: str, scope: str = "encoder", generator: b
   return W.encoder(prefix, enc.num_layers, scope, projection=enc.embedding_size != enc.hidden_size)
 
 
-def _init_fn(config):
-  from bertjax import loop
-
-  model = loop.make_model(config)
-  return lambda r: model.init({"params": r, "sample": r, "dropout": r}, loop.dummy_batch(config))["params"]
-
-
-def param_shapes(config):
-  """The Pretrainer's parameter tree as jax.ShapeDtypeStructs (nothing allocated)."""
-  return strip_boxes(jax.eval_shape(_init_fn(config), jax.random.key(0)))
-
-
 def fresh_leaf(path: str, shape, std: float, seed: int) -> np.ndarray:
   """A new value for the parameter at `path`, as bertjax's initializers make it (LayerNorm scale 1, biases
   0, the rest truncated normal), without compiling the model's init; seeded by (seed, path)."""
@@ -103,7 +90,7 @@ def fresh_leaf(path: str, shape, std: float, seed: int) -> np.ndarray:
 
 def init_params(config, seed: int = 0) -> dict:
   """A fresh random Pretrainer params tree (numpy) for the config, leaf by leaf (see fresh_leaf)."""
-  shapes = param_shapes(config)
+  shapes = build.param_shapes(config)
   leaf = lambda p, s: fresh_leaf("/".join(k.key for k in p), s.shape, config.model.init_std, seed)
   return jax.tree_util.tree_map_with_path(leaf, shapes)
 
@@ -148,7 +135,7 @@ def read_hf(hf_dir: str, generator_dir: str = "", seed: int = 0) -> Imported:
     gen_tensors = _modern_names(safetensors_io.read_dir(generator_dir))
   config = configs.from_hf(hf, family, heads, gen_hf)
   config.seed = seed
-  shapes = param_shapes(config)
+  shapes = build.param_shapes(config)
   enc = config_lib.encoder_config(config.model)
   if family == "albert" and enc.embedding_size == enc.hidden_size:
     _albert_identity(tensors, prefix, enc.hidden_size)

@@ -12,7 +12,8 @@ import numpy as np
 from bertjax import checkpoint, config as config_lib
 from bertjax.errors import UserError
 from bertjax.interop import tokenizers as hf_tokenizers
-from bertjax.interop.convert import Imported, param_shapes
+from bertjax.build import param_shapes
+from bertjax.interop.convert import Imported
 
 
 def save(imported: Imported, workdir: str, source: str = "") -> str:
@@ -82,6 +83,15 @@ def load(workdir: str, with_tokenizer: bool = True):
   if with_tokenizer and spec:  # without one, export still works; encode and fill-mask say what is missing
     tok = hf_tokenizers.load_any(spec)
   return config, params, tok, tuple(manifest.get("fresh", ()))
+
+
+def latest_step(workdir: str) -> int:
+  """The step of a workdir's latest checkpoint (0 for an import)."""
+  ckpt = checkpoint.Checkpointer(workdir, async_save=False)
+  try:
+    return int(ckpt.latest_step() or 0)
+  finally:
+    ckpt.close()
 
 
 def _extra_pooler(workdir: str, hidden: int):

@@ -281,11 +281,15 @@ class Embeddings(nn.Module):
     return jnp.einsum("...e,ve->...v", x, self.word.astype(x.dtype))
 
 
-class Attention(nn.Module):
-  """Multi-head self-attention with residual and post-LayerNorm (BERT's attention sub-layer)."""
+class Block(nn.Module):
+  """A part of the encoder: its hyperparameters, and whether dropout is off (inference, eval)."""
 
   cfg: EncoderConfig
   deterministic: bool = True
+
+
+class Attention(Block):
+  """Multi-head self-attention with residual and post-LayerNorm (BERT's attention sub-layer)."""
 
   @nn.compact
   def __call__(self, x, bias):
@@ -295,6 +299,9 @@ class Attention(nn.Module):
     # Scores, mask and softmax in float32: bf16 softmax loses the small probabilities.
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
     probs = jax.nn.softmax(scores * c.head_dim**-0.5 + bias, axis=-1)
+    # Kept only when the caller asks for the "intermediates" collection (inference's attention maps);
+    # otherwise sow does nothing.
+    self.sow("intermediates", "attention_probs", probs)
     probs = Dropout(c.attention_dropout)(probs, deterministic=self.deterministic)
     ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
     out = dense(c, (c.num_heads, c.head_dim), c.hidden_size, (sh.HEADS, sh.KV, sh.EMBED), "output")(ctx)
@@ -302,11 +309,8 @@ class Attention(nn.Module):
     return layer_norm(c, "ln")(x + out).astype(c.dtype)
 
 
-class FeedForward(nn.Module):
+class FeedForward(Block):
   """Position-wise FFN (exact GELU) with residual and post-LayerNorm."""
-
-  cfg: EncoderConfig
-  deterministic: bool = True
 
   @nn.compact
   def __call__(self, x):
@@ -332,11 +336,8 @@ def shared_blocks(sharing: str) -> tuple[str, ...]:
   return {"none": (), "all": ("attention", "ffn"), "attention": ("attention",), "ffn": ("ffn",)}[sharing]
 
 
-class Layer(nn.Module):
+class Layer(Block):
   """One transformer layer; blocks it does not own come in as `shared` parameters (ALBERT sharing)."""
-
-  cfg: EncoderConfig
-  deterministic: bool = True
 
   @nn.compact
   def __call__(self, x, layer_index, bias, shared):
@@ -347,7 +348,13 @@ class Layer(nn.Module):
       if name in shared:
         params = jax.tree.map(lambda p: p[group], shared[name])
         rngs = {} if self.deterministic else {"dropout": self.make_rng("dropout")}
-        x = block(c, self.deterministic, parent=None).apply({"params": params}, *args, rngs=rngs)
+        shared_block = block(c, self.deterministic, parent=None)
+        if self.is_mutable_collection("intermediates"):  # pass the block's sown values on, as its own would be
+          x, sown = shared_block.apply({"params": params}, *args, rngs=rngs, mutable="intermediates")
+          for key, (value,) in sown.get("intermediates", {}).items():
+            self.sow("intermediates", key, value)
+        else:
+          x = shared_block.apply({"params": params}, *args, rngs=rngs)
       else:
         x = block(c, self.deterministic, name=name)(*args)
     x = nn.with_logical_constraint(x, (sh.BATCH, sh.LENGTH, sh.ACT_EMBED))
@@ -378,11 +385,8 @@ def attention_bias(groups):
   return jnp.where(allowed, 0.0, -1e9).astype(jnp.float32)[:, None]
 
 
-class Encoder(nn.Module):
+class Encoder(Block):
   """E->H projection (if factorized) and `num_layers` scanned transformer layers."""
-
-  cfg: EncoderConfig
-  deterministic: bool = True
 
   @nn.compact
   def __call__(self, x, groups):
@@ -398,7 +402,7 @@ class Encoder(nn.Module):
       layer = nn.remat(Layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
     scanned = nn.scan(
         layer,
-        variable_axes={"params": 0},
+        variable_axes={"params": 0, "intermediates": 0},
         split_rngs={"params": True, "dropout": True},
         in_axes=(0, nn.broadcast, nn.broadcast),
         length=c.num_layers,

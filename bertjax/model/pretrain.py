@@ -53,6 +53,23 @@ class Pretrainer(nn.Module):
     """Final hidden states [B, S, H] of the main encoder."""
     return self.encoder(self.embeddings(input_ids, type_ids, self.deterministic, position_ids), groups)
 
+  def score(self, input_ids, type_ids):
+    """Every head's logits at every position of unpadded inputs (inference): `mlm` [B, S, V] (ELECTRA: the
+    generator's), and as the model has them `rtd` [B, S] and `sentence` [B, 2]."""
+    groups = jnp.ones_like(input_ids)
+    positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+    hidden = self.encode(input_ids, type_ids, groups)
+    out = {}
+    if self.generator is None:
+      out["mlm"] = self.mlm(hidden, positions, self.embeddings)
+    else:
+      gen_hidden = self.generator_encoder(self.embeddings(input_ids, type_ids, True), groups)
+      out["mlm"] = self.generator_mlm(gen_hidden, positions, self.embeddings)
+      out["rtd"] = self.rtd(hidden)
+    if self.sentence_head:
+      out["sentence"] = self.sentence(hidden)
+    return out
+
   def __call__(self, batch):
     """batch: masked `input_ids`, `type_ids`, `groups`, `mlm_positions`, `mlm_weights`, `original_ids`,
     optionally `position_ids` (packed examples).

@@ -1,11 +1,12 @@
 """Pretraining objectives by name: a config lists `objectives = {name: weight}` and the loss is the sum.
 
 Each objective module has `loss(outputs, batch) -> (loss_sum, metrics)` (float32 sum over its targets;
-metrics a flat dict of (sum, count) pairs, divided only when reported) and `count(batch)`, the number of
+metrics a flat dict of bertjax.metrics types, computed only when reported) and `count(batch)`, the number of
 its targets, known before the forward pass. Dividing each sum by the count of the *whole* batch makes a
 step with gradient accumulation exactly the large-batch step. Adding one is a module plus a line here.
 """
 
+from bertjax.metrics import Mean
 from bertjax.objectives import mlm, rtd, sentence
 
 REGISTRY = {
@@ -33,5 +34,5 @@ def total_loss(objectives: dict, outputs, batch, denominators=None):
     loss_sum, m = REGISTRY[name].loss(outputs, batch)
     total = total + weight * loss_sum / jnp.maximum(denominators[name], 1e-8)
     metrics.update(m)
-  metrics["loss"] = (total, 1.0)
+  metrics["loss"] = Mean(total, 1.0)
   return total, metrics

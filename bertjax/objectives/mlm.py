@@ -1,5 +1,6 @@
 """Masked LM: cross-entropy over the gathered masked positions (padded slots weigh 0)."""
 
+from bertjax.metrics import Mean
 from bertjax.objectives.common import softmax_xent
 
 
@@ -9,4 +10,4 @@ def count(batch):
 
 def loss(outputs, batch):
   loss_sum, n, correct = softmax_xent(outputs["mlm_logits"], batch["mlm_labels"], batch["mlm_weights"])
-  return loss_sum, {"mlm_loss": (loss_sum, n), "mlm_accuracy": (correct, n)}
+  return loss_sum, {"mlm_loss": Mean(loss_sum, n), "mlm_accuracy": Mean(correct, n)}

@@ -2,13 +2,14 @@
 
 Besides accuracy, precision and recall of "replaced" and the replaced fraction, it reports AUC from
 score histograms (counts of positive and negative tokens per probability bin), which add up over
-batches like any other metric pair.
+batches like any other metric.
 """
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
+
+from bertjax.metrics import AUC, Mean
 
 AUC_BINS = 1000
 
@@ -33,20 +34,12 @@ def loss(outputs, batch):
   bins = jnp.clip((jax.nn.sigmoid(logits) * AUC_BINS).astype(jnp.int32), 0, AUC_BINS - 1)
   hist = lambda weights: jnp.zeros(AUC_BINS, jnp.float32).at[bins.ravel()].add(weights.ravel())
   metrics = {
-      "rtd_loss": ((bce * w).sum(), n),
-      "rtd_accuracy": (((pred == y) * w).sum(), n),
-      "rtd_precision": (tp, (pred * w).sum()),
-      "rtd_recall": (tp, (y * w).sum()),
-      "replaced_fraction": ((y * w).sum(), n),
-      "rtd_auc": (hist(y * w), hist((1 - y) * w)),
+      "rtd_loss": Mean((bce * w).sum(), n),
+      "rtd_accuracy": Mean(((pred == y) * w).sum(), n),
+      "rtd_precision": Mean(tp, (pred * w).sum()),
+      "rtd_recall": Mean(tp, (y * w).sum()),
+      "replaced_fraction": Mean((y * w).sum(), n),
+      "rtd_auc": AUC(hist(y * w), hist((1 - y) * w)),
   }
   return (bce * w).sum(), metrics
 
-
-def auc_from_histograms(pos, neg) -> float:
-  """ROC AUC from per-bin counts of positives and negatives (ties within a bin count half)."""
-  pos, neg = np.asarray(pos, np.float64), np.asarray(neg, np.float64)
-  if pos.sum() == 0 or neg.sum() == 0:
-    return float("nan")
-  neg_below = np.cumsum(neg) - neg
-  return float((pos * (neg_below + 0.5 * neg)).sum() / (pos.sum() * neg.sum()))

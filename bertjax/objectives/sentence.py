@@ -6,6 +6,7 @@ SOP: label 0 = A, B in document order, 1 = swapped (ALBERT).
 
 import types
 
+from bertjax.metrics import Mean
 from bertjax.objectives.common import softmax_xent
 
 
@@ -16,7 +17,7 @@ def count(batch):
 def _make(name):
   def loss(outputs, batch):
     loss_sum, n, correct = softmax_xent(outputs["sentence_logits"], batch["sentence_label"], batch["example_weight"])
-    return loss_sum, {f"{name}_loss": (loss_sum, n), f"{name}_accuracy": (correct, n)}
+    return loss_sum, {f"{name}_loss": Mean(loss_sum, n), f"{name}_accuracy": Mean(correct, n)}
 
   return types.SimpleNamespace(loss=loss, count=count)
 

@@ -1,4 +1,4 @@
-"""bertjax.host: process set-up before JAX starts (CPU pinning, host memory reuse)."""
+"""bertjax.runtime: process set-up before JAX starts (CPU pinning, host memory reuse), and imports without it."""
 
 import json
 import os
@@ -7,13 +7,15 @@ import sys
 
 import pytest
 
-from bertjax import host
+from bertjax import runtime
 
 # A jitted function whose temporaries (64 MiB each) exceed glibc's largest heap-served block, called three
 # times; prints the minor page faults of the last two calls, in MiB per call.
 _FAULTS = """
 import resource, json
-import bertjax, jax, jax.numpy as jnp
+from bertjax import runtime
+runtime.setup()
+import jax, jax.numpy as jnp
 f = jax.jit(lambda x: (jnp.sin(x) @ jnp.cos(x)).sum())
 x = jnp.ones((4096, 4096), jnp.float32)
 f(x).block_until_ready()
@@ -42,8 +44,18 @@ def test_cpu_steps_reuse_freed_host_memory():
 
 def test_runs_on_cpu_follows_the_chosen_platform(monkeypatch):
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-  assert host.runs_on_cpu()
+  assert runtime.runs_on_cpu()
   monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")
-  assert not host.runs_on_cpu()
+  assert not runtime.runs_on_cpu()
   monkeypatch.setenv("JAX_PLATFORMS", "tpu")
-  assert not host.runs_on_cpu()
+  assert not runtime.runs_on_cpu()
+
+
+def test_importing_bertjax_has_no_side_effects():
+  """Importing the package or its data layer neither imports JAX nor sets anything up: entry points call
+  `runtime.setup()` themselves."""
+  code = ("import sys, bertjax, bertjax.runtime, bertjax.data.shards, bertjax.data.instances;"
+          "assert 'jax' not in sys.modules, 'jax was imported';"
+          "assert not bertjax.runtime._DONE, 'setup ran at import'")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,7 +1,10 @@
-"""Running imported or bertjax checkpoints: load either kind, final hidden states, head logits, fill-mask.
+"""The one inference module: load a training run's workdir or an HF checkpoint, then encode, score,
+fill [MASK]s and read attention maps.
 
 Everything runs through bertjax's own `Pretrainer` (Embeddings + scanned Encoder + heads), jitted once per
-model shape. `bertjax.hf` is the CLI over these calls.
+model shape and function; attention maps are the probabilities the encoder itself computes (sown by its
+attention layers), not a second implementation. `bertjax.hf` is the CLI over these calls; the notebook
+uses them too.
 """
 
 import dataclasses
@@ -11,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import build
 from bertjax.errors import UserError
 from bertjax.interop import convert, tokenizers as hf_tokenizers, workdir as wd
 
@@ -18,17 +22,19 @@ from bertjax.interop import convert, tokenizers as hf_tokenizers, workdir as wd
 @dataclasses.dataclass
 class Loaded:
   """A model ready to run: config, Pretrainer params (numpy), tokenizer, the imported pooler if any,
-  and the parameter paths that were freshly initialized (absent from the checkpoint)."""
+  the parameter paths that were freshly initialized (absent from the checkpoint), and a workdir's step."""
 
   config: object
   params: dict
   tokenizer: object
   pooler: dict | None = None
   fresh: tuple = ()
+  step: int = 0
 
 
 def load(hf_dir: str = "", workdir: str = "", generator_dir: str = "") -> Loaded:
-  """Loads an HF checkpoint directory or a bertjax workdir (exactly one of them)."""
+  """Loads an HF checkpoint directory or a bertjax workdir (a training run's latest checkpoint, or an
+  import): exactly one of them."""
   if bool(hf_dir) == bool(workdir):
     raise UserError("give exactly one of --hf_dir (an HF checkpoint) and --workdir (a bertjax workdir)")
   if hf_dir:
@@ -36,44 +42,22 @@ def load(hf_dir: str = "", workdir: str = "", generator_dir: str = "") -> Loaded
     return Loaded(imp.config, imp.params, imp.tokenizer, imp.pooler, tuple(imp.fresh))
   config, params, tok, fresh = wd.load(workdir)
   pooler = params.pop("pooler", None)
-  return Loaded(config, params, tok, pooler, fresh)
+  return Loaded(config, params, tok, pooler, fresh, wd.latest_step(workdir))
 
 
 @functools.lru_cache(maxsize=16)
-def _jitted(cfg, generator, sentence_head, fn):
-  from bertjax.model.pretrain import Pretrainer
-
-  model = Pretrainer(cfg=cfg, generator=generator, sentence_head=sentence_head)
-  return jax.jit(lambda p, *a: model.apply({"params": p}, *a, method=fn))
+def _jitted(model, method: str, mutable: tuple):
+  return jax.jit(lambda p, *a: model.apply({"params": p}, *a, method=method, mutable=list(mutable) or False))
 
 
-def _apply(config, fn, params, *args):
-  """fn(module, *args) run on the config's Pretrainer with `params`, jitted once per model shape and
-  function (inference: no dropout)."""
-  from bertjax import loop
-
-  m = loop.make_model(config)
-  return _jitted(m.cfg, m.generator, m.sentence_head, fn)(params, *args)
+def _apply(config, method: str, params, *args, mutable: tuple = ()):
+  """The config's Pretrainer's `method` on `params` (inference: no dropout), jitted once per model and
+  method; with `mutable` collections, (output, their values)."""
+  return _jitted(build.make_model(config), method, mutable)(params, *args)
 
 
 def _encode_fn(m, ids, types):
   return m.encode(ids, types, jnp.ones_like(ids))
-
-
-def _logits_fn(m, ids, types):
-  groups = jnp.ones_like(ids)
-  positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
-  hidden = m.encode(ids, types, groups)
-  out = {}
-  if m.generator is None:
-    out["mlm"] = m.mlm(hidden, positions, m.embeddings)
-  else:
-    gen_hidden = m.generator_encoder(m.embeddings(ids, types, True), groups)
-    out["mlm"] = m.generator_mlm(gen_hidden, positions, m.embeddings)
-    out["rtd"] = m.rtd(hidden)
-  if m.sentence_head:
-    out["sentence"] = m.sentence(hidden)
-  return out
 
 
 def hidden_states(config, params, input_ids, type_ids) -> np.ndarray:
@@ -82,12 +66,35 @@ def hidden_states(config, params, input_ids, type_ids) -> np.ndarray:
   return np.asarray(_apply(config, _encode_fn, params, ids, jnp.asarray(type_ids, jnp.int32)))
 
 
-def encode(loaded: Loaded, text: str) -> np.ndarray:
-  """Final hidden states [tokens, hidden] of `text` (batch 1), with the checkpoint's own special tokens."""
+def attention_probs(config, params, input_ids, type_ids) -> np.ndarray:
+  """Attention probabilities [layers, B, heads, S, S] of the main encoder for unpadded inputs: the
+  softmax each layer computes in the forward pass (rows sum to 1)."""
+  ids = jnp.asarray(input_ids, jnp.int32)
+  _, sown = _apply(config, _encode_fn, params, ids, jnp.asarray(type_ids, jnp.int32), mutable=("intermediates",))
+  found = [v for path, v in jax.tree_util.tree_leaves_with_path(sown["intermediates"]["encoder"])
+           if any(getattr(k, "key", None) == "attention_probs" for k in path)]
+  (probs,) = found  # one per encoder: the scanned layers stack it along axis 0
+  return np.asarray(probs)
+
+
+def _tokenized(loaded: Loaded, text: str, pair: str | None = None) -> tuple[list, list]:
   if loaded.tokenizer is None:
     raise UserError("this checkpoint has no tokenizer files (tokenizer.json, vocab.txt or spiece.model)")
   m = loaded.config.model
-  ids, types = hf_tokenizers.encode_example(loaded.tokenizer, text, None, m.max_positions - m.position_offset)
+  return hf_tokenizers.encode_example(loaded.tokenizer, text, pair, m.max_positions - m.position_offset)
+
+
+def attention(loaded: Loaded, text: str, pair: str | None = None) -> tuple[list, np.ndarray]:
+  """(tokens, attention probabilities [layers, heads, tokens, tokens]) of `text` (and `pair`) with the
+  checkpoint's own special tokens."""
+  ids, types = _tokenized(loaded, text, pair)
+  tokens = [loaded.tokenizer.id_to_token(int(i)) for i in ids]
+  return tokens, attention_probs(loaded.config, loaded.params, [ids], [types])[:, 0]
+
+
+def encode(loaded: Loaded, text: str) -> np.ndarray:
+  """Final hidden states [tokens, hidden] of `text` (batch 1), with the checkpoint's own special tokens."""
+  ids, types = _tokenized(loaded, text)
   return hidden_states(loaded.config, loaded.params, [ids], [types])[0]
 
 
@@ -95,7 +102,7 @@ def logits(config, params, input_ids, type_ids) -> dict:
   """The pretraining heads' logits for unpadded inputs, every position scored: `mlm` [B, S, V] (ELECTRA:
   the generator's), and as the model has them `sentence` [B, 2] (NSP/SOP) and `rtd` [B, S]."""
   ids, types = jnp.asarray(input_ids, jnp.int32), jnp.asarray(type_ids, jnp.int32)
-  return jax.tree.map(np.asarray, _apply(config, _logits_fn, params, ids, types))
+  return jax.tree.map(np.asarray, _apply(config, "score", params, ids, types))
 
 
 def fill_mask(loaded: Loaded, text: str, top_k: int = 5) -> list:
@@ -104,10 +111,7 @@ def fill_mask(loaded: Loaded, text: str, top_k: int = 5) -> list:
     raise UserError("this checkpoint has no MLM head (e.g. a bare BertModel); fill-mask needs a *ForMaskedLM, "
                     "*ForPreTraining or ELECTRA generator checkpoint")
   tok = loaded.tokenizer
-  if tok is None:
-    raise UserError("this checkpoint has no tokenizer files (tokenizer.json, vocab.txt or spiece.model)")
-  m = loaded.config.model
-  ids, types = hf_tokenizers.encode_example(tok, text, None, m.max_positions - m.position_offset)
+  ids, types = _tokenized(loaded, text)
   where = [i for i, t in enumerate(ids) if t == tok.special.mask]
   if not where:
     raise UserError(f"no [MASK] in {text!r}; write [MASK] where the token to predict goes")

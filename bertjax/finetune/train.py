@@ -15,16 +15,15 @@ import time
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
-from bertjax import config as config_lib, optim
+from bertjax import config as config_lib, inference, optim
 from bertjax.data import pipeline
-from bertjax.downstream import data as task_data, metrics as task_metrics
-from bertjax.downstream.model import HEADS, Classifier, init_params, layer_multipliers, scale_by_tree
+from bertjax.finetune import data as task_data, metrics as task_metrics
+from bertjax.finetune.model import HEADS, Classifier, init_params, layer_multipliers, scale_by_tree
 from bertjax.errors import UserError
-from bertjax.interop import configs as hf_configs, inference
+from bertjax.interop import configs as hf_configs
 from bertjax.metrics import MetricWriter
 
 
@@ -104,16 +103,15 @@ def train_batch(arrays, step: int, config, seed: int) -> dict:
   return batch
 
 
-def _optimizer_view(config, total: int, warmup: int):
-  """The keys bertjax.optim reads, from the fine-tuning config."""
-  return ml_collections.ConfigDict(dict(learning_rate=config.learning_rate, warmup_steps=warmup, total_steps=total,
-                                        optimizer=config.optimizer.to_dict()))
+def lr_schedule(config, total: int, warmup: int):
+  """The fine-tuning schedule (optimizer.schedule) over this task's step counts."""
+  return optim.schedule(config.optimizer.schedule, config.learning_rate, warmup, total)
 
 
 def make_tx(config, params, cfg, total: int, warmup: int) -> optax.GradientTransformation:
   """The fine-tuning optimizer: bertjax.optim's (AdamW, schedule, decay mask, clipping) over `total`
   steps, then ELECTRA's layer-wise rate multipliers when optimizer.layerwise_decay < 1."""
-  tx = optim.make(_optimizer_view(config, total, warmup))
+  tx = optim.make(config.optimizer, lr_schedule(config, total, warmup))
   if config.optimizer.layerwise_decay < 1:
     tx = optax.chain(tx, scale_by_tree(layer_multipliers(params, cfg, config.optimizer.layerwise_decay)))
   return tx
@@ -178,8 +176,8 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
     losses.append(loss)
     done = step + 1
     if done % config.log_every == 0 or done == total:
-      values = {"train/loss": float(np.mean(jax.device_get(losses))), "lr": float(optim.schedule(
-          _optimizer_view(config, total, warmup))(step)), "tokens_per_sec": len(losses) * config.batch_size *
+      values = {"train/loss": float(np.mean(jax.device_get(losses))), "lr": float(lr_schedule(
+          config, total, warmup)(step)), "tokens_per_sec": len(losses) * config.batch_size *
           config.seq_len / (time.time() - t_log)}
       writer.write(done, values)
       writer.progress(done, total, values, time.time() - t0, done)

@@ -1,0 +1,131 @@
+"""The one factory from a config to what runs: the model, its shapes, a fresh state, the jitted steps.
+
+The training loop, the CLIs (summary, aot, bench), interop and inference all build through here, so a
+model is made one way everywhere. `make_steps` places everything by logical axis names on a mesh and
+jits init/train/eval with explicit shardings; each jitted function is traced, lowered and compiled
+under the mesh and rules it was made for (`Jitted`).
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from bertjax import config as config_lib, optim, sharding, step as step_lib
+from bertjax.data.tokenizer import SpecialIds
+from bertjax.model.pretrain import Pretrainer
+
+
+def make_model(config) -> Pretrainer:
+  """The pretraining model of a config (heads and generator follow from the objectives)."""
+  objectives = config_lib.active_objectives(config)
+  return Pretrainer(
+      cfg=config_lib.encoder_config(config.model),
+      generator=config_lib.encoder_config(config.model, generator=True) if "rtd" in objectives else None,
+      sentence_head=bool({"nsp", "sop"} & set(objectives)),
+      sample_temperature=config.model.sample_temperature,
+  )
+
+
+def dummy_batch(config, batch_size: int = 1) -> dict:
+  """A batch of zeros with the shapes of a masked training batch (for init and shape inference)."""
+  s, p = config.seq_len, config_lib.max_predictions(config)
+  ints = lambda *shape: jnp.zeros(shape, jnp.int32)
+  return dict(input_ids=ints(batch_size, s), original_ids=ints(batch_size, s), type_ids=ints(batch_size, s),
+              groups=jnp.ones((batch_size, s), jnp.int32), mlm_positions=ints(batch_size, p),
+              mlm_weights=jnp.zeros((batch_size, p)))
+
+
+def host_batch_spec(config, batch_size: int) -> dict:
+  """Shapes and dtypes of the batches the loader yields (what the jitted steps take)."""
+  s = config.seq_len
+  sds = jax.ShapeDtypeStruct
+  return dict(input_ids=sds((batch_size, s), jnp.int32), type_ids=sds((batch_size, s), jnp.int32),
+              word_start=sds((batch_size, s), jnp.bool_), groups=sds((batch_size, s), jnp.int32),
+              sentence_label=sds((batch_size,), jnp.int32), example_weight=sds((batch_size,), jnp.float32))
+
+
+def init_params(model: Pretrainer, config, rng):
+  """The model's fresh parameters, still carrying their logical-axis boxes."""
+  return model.init({"params": rng, "sample": rng, "dropout": rng}, dummy_batch(config))["params"]
+
+
+def param_shapes(config) -> dict:
+  """The Pretrainer's parameter tree as jax.ShapeDtypeStructs (nothing allocated)."""
+  model = make_model(config)
+  return sharding.strip_boxes(jax.eval_shape(functools.partial(init_params, model, config), jax.random.key(0)))
+
+
+def init_state(rng, model, tx, config) -> step_lib.TrainState:
+  """A fresh TrainState whose parameters still carry their logical-axis boxes."""
+  params = init_params(model, config, rng)
+  return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def step_config(config, special: SpecialIds) -> step_lib.StepConfig:
+  """What the steps need besides model and optimizer: seed, masking (with the tokenizer's special ids),
+  weighted objectives, microbatches."""
+  return step_lib.StepConfig(
+      seed=config.seed, masking=config_lib.masking_config(config, special),
+      objectives=tuple(config_lib.active_objectives(config).items()), grad_accum_steps=config.grad_accum_steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class Jitted:
+  """A jitted function that is traced, lowered and compiled under the mesh and logical axis rules it was
+  made for (the model's logical constraints are resolved at trace time)."""
+
+  fn: object  # the jax.jit-wrapped function
+  mesh: jax.sharding.Mesh
+  rules: tuple
+
+  def __call__(self, *args):
+    with sharding.activate(self.mesh, self.rules):
+      return self.fn(*args)
+
+  def lower(self, *args):
+    with sharding.activate(self.mesh, self.rules):
+      return self.fn.lower(*args)
+
+
+@dataclasses.dataclass
+class Steps:
+  """The jitted functions of a run and the shardings they were compiled for."""
+
+  model: Pretrainer
+  tx: object
+  cfg: step_lib.StepConfig
+  state_shardings: object  # TrainState of NamedShardings
+  abstract_state: object  # TrainState of ShapeDtypeStructs carrying those shardings (restore target)
+  batch_sharding: object
+  init: Jitted  # rng -> TrainState, created already sharded
+  train: Jitted  # (state, batch) -> (state, metrics); donates state
+  eval: Jitted  # (params, batch, index) -> metric sums
+
+
+def make_steps(config, mesh, special: SpecialIds) -> Steps:
+  """Builds model, optimizer and the jitted init/train/eval steps with explicit shardings on `mesh`.
+
+  `special` are the run's tokenizer's special ids (masking never picks them). Parameters are placed by
+  their logical axis names through the config's sharding rules; the state is initialized already sharded
+  (jit with out_shardings), never built on one host and copied.
+  """
+  rules = sharding.config_rules(config)
+  model, tx = make_model(config), optim.for_pretraining(config)
+  cfg = step_config(config, special)
+  with nn.logical_axis_rules(rules):
+    boxed = jax.eval_shape(functools.partial(init_state, model=model, tx=tx, config=config), jax.random.key(0))
+  shardings = sharding.logical_shardings(boxed, mesh, rules)
+  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          sharding.strip_boxes(boxed), shardings)
+  batch_sharding = jax.sharding.NamedSharding(mesh, sharding.batch_spec())
+  repl = sharding.replicated(mesh)
+  init = jax.jit(lambda r: nn.unbox(init_state(r, model, tx, config)), out_shardings=shardings)
+  train = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, cfg=cfg),
+                  in_shardings=(shardings, batch_sharding), out_shardings=(shardings, repl), donate_argnums=(0,))
+  evaluate = jax.jit(functools.partial(step_lib.eval_step, model=model, cfg=cfg),
+                     in_shardings=(shardings.params, batch_sharding, repl), out_shardings=repl)
+  on_mesh = functools.partial(Jitted, mesh=mesh, rules=rules)
+  return Steps(model, tx, cfg, shardings, abstract, batch_sharding, on_mesh(init), on_mesh(train), on_mesh(evaluate))
