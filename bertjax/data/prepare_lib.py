@@ -218,6 +218,8 @@ def prepare_tokenizer(config, reader: sources.Reader, directory: str, tokenizer:
     spec = f"{tok.kind}:{name}" + (":cased" if tok.kind == "wordpiece" and not tok.lowercase else "")
   else:
     lines = _sample_lines(reader, d.eval_fraction, d.tokenizer_sentences, config.seed)
+    if not lines:
+      raise _no_text(reader.spec)
     sentences = [s for line in lines for s in sources.to_sentences([line], reader.paragraphs)]
     random.Random(config.seed).shuffle(sentences)
     train_sentencepiece(sentences, os.path.join(directory, "tokenizer"), config.model.vocab_size,
@@ -226,6 +228,10 @@ def prepare_tokenizer(config, reader: sources.Reader, directory: str, tokenizer:
     spec = "spm:tokenizer.model"
   check_vocab_size(load_tokenizer(absolute_spec(spec, directory)), config.model.vocab_size)
   return spec
+
+
+def _no_text(source: str) -> UserError:
+  return UserError(f"data source {source!r} holds no text; point --config.data.source at a non-empty corpus")
 
 
 def absolute_spec(spec: str, directory: str) -> str:
@@ -350,6 +356,8 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
     bar.update(stats, tokens, made["train"].instances + made["eval"].instances, force=True)
     bar.close()
   stats.sentences = sentences
+  if not sentences:
+    raise _no_text(d.source)
   if not made["train"].instances or not made["eval"].instances:
     raise UserError(f"corpus {d.source!r} gave {made['train'].instances} train and {made['eval'].instances} eval "
                     f"{fmt} instances from {stats.documents} documents; use a larger corpus (SOP needs "
