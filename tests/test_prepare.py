@@ -185,7 +185,8 @@ def test_the_cache_is_reused_and_keyed_by_every_setting_that_changes_the_rows(co
   monkeypatch.setattr(prepare_lib, "prepare", lambda *a, **k: made.append(1) or real(*a, **k))
   again = pipeline.build(base)
   assert not made and again.train.directory == first.train.directory
-  longer = pipeline.build(_config("configs/electra.py:tiny", corpus, **{"data.cache_dir": str(tmp_path), "seq_len": 96}))
+  longer = pipeline.build(_config("configs/electra.py:tiny", corpus,
+                                  **{"data.cache_dir": str(tmp_path), "seq_len": 96}))
   assert made == [1] and longer.train.directory != first.train.directory
   assert len(pipeline.batch_at(longer.train, 0, 4, 0)["input_ids"][0]) == 96
   entries = sorted(os.listdir(tmp_path))
@@ -238,7 +239,8 @@ import numpy as np
 from bertjax.data import pipeline, prepare_lib, shards, sources
 docs = list(sources.documents({corpus[0]!r}, sources.SourceStats()))[:6]
 dtype = shards.row_dtype({meta["fields"]!r}, 64)
-settings = prepare_lib.Settings("spm:" + os.path.join({directory!r}, "tokenizer.model"), True, "sop", 64, 0.1, 1, 0, dtype)
+tokenizer = "spm:" + os.path.join({directory!r}, "tokenizer.model")
+settings = prepare_lib.Settings(tokenizer, True, "sop", 64, 0.1, 1, 0, dtype)
 result = prepare_lib.process_chunk((settings, "train", 0, docs))
 print(len(result.records), "jax" in sys.modules, "tensorflow" in sys.modules)
 """
