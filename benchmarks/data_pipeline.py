@@ -17,6 +17,15 @@ What it measures, on this machine:
 2. The loader: tokens/s that `pipeline.batch_at` delivers from the memory-mapped shards at the config's
    batch size (host arrays, and moved to the device), against the tokens/s the config's train step
    consumes (`bertjax.bench.measure`), and the loader's resident-memory growth.
+
+  python benchmarks/data_pipeline.py --compare --mb=4 --steps=200  # our shards and loader vs ArrayRecord and grain
+
+3. `--compare` (alone): the same prepared train rows (batch 256, seq 128) read side by side in one run:
+   random-access batch reads of our .rows shard (memmap) vs the same rows as ArrayRecord records
+   (group_size 1, uncompressed: the random-access setting), and our loader (`pipeline.batch_at`, a per-(seed, epoch)
+   permutation computed per index) vs a grain MapDataset with a per-epoch shuffle over the same rows
+   (`source(...).shuffle(seed).repeat().batch(256)`, indexed by step: grain's stateless random access).
+   Needs `pip install grain array-record`; neither is a bertjax dependency.
 """
 
 import argparse
@@ -145,6 +154,79 @@ def loader_throughput(config_spec: str, shards_dir: str, steps: int) -> dict:
               loader_to_device_tokens_per_sec=device, loader_rss_growth_bytes=growth)
 
 
+def _timed(fn, steps: int) -> float:
+  """Calls per second of fn(step) over `steps` steps, after one warm-up call; the best of three rounds."""
+  fn(0)
+  best = 0.0
+  for _ in range(3):
+    t0 = time.perf_counter()
+    for step in range(steps):
+      fn(step)
+    best = max(best, steps / (time.perf_counter() - t0))
+  return best
+
+
+def compare_grain_arrayrecord(mb: float, steps: int, batch: int = 256, seq_len: int = 128) -> dict:
+  """Batches/s of our shards and loader against ArrayRecord and grain over the same rows (see the docstring)."""
+  import grain
+  import numpy as np
+  from array_record.python import array_record_data_source, array_record_module
+
+  from bertjax import config as config_lib
+  from bertjax.data import pipeline, prepare_lib, shards
+
+  tmp = tempfile.mkdtemp()
+  config = config_lib.load(os.path.join(REPO, "configs/bert.py:tiny"))
+  config.seq_len, config.data.dupe_factor, config.model.vocab_size = seq_len, 1, 3000
+  config.data.source, config.data.split_paragraphs = f"text:{demo_corpus(tmp, mb)}", True
+  meta = prepare_lib.prepare(config, os.path.join(tmp, "shards"), workers=2, progress=None)
+  rows = shards.open_split(os.path.join(tmp, "shards"), meta, "train")
+  n, dtype = len(rows), rows.dtype
+  path = os.path.join(tmp, "train.array_record")
+  writer = array_record_module.ArrayRecordWriter(path, "group_size:1,uncompressed")
+  for record in rows.records(np.arange(n)):
+    writer.write(record.tobytes())
+  writer.close()
+  source = array_record_data_source.ArrayRecordDataSource([path])
+  widen = lambda records: {name: shards._widen(name, records[name]) for name in dtype.names}  # noqa: E731
+  rng = np.random.default_rng(0)
+  random_batches = [rng.integers(0, n, batch) for _ in range(steps)]
+
+  def array_record_read(step):
+    raw = source.__getitems__(random_batches[step].tolist())
+    return widen(np.frombuffer(b"".join(raw), dtype))
+
+  class MappedRows:  # grain's random-access source protocol over our memory-mapped rows
+    def __len__(self):
+      return n
+
+    def __getitem__(self, i):
+      return rows.records([i])[0]
+
+  def stack(records):
+    return widen(np.array(records, dtype))
+
+  grain_shards = grain.MapDataset.source(MappedRows()).shuffle(seed=0).repeat().batch(batch, batch_fn=stack)
+  grain_ar = (grain.MapDataset.source(source).map(lambda b: np.frombuffer(b, dtype)[0]).shuffle(seed=0).repeat()
+              .batch(batch, batch_fn=stack))
+  # Exact resume: batch k is a function of (seed, k) in both loaders.
+  assert all(np.array_equal(grain_shards[k]["input_ids"], grain_shards[k]["input_ids"]) for k in (0, 7))
+  results = dict(
+      rows=n, batch_size=batch, seq_len=seq_len, row_bytes=dtype.itemsize, steps=steps,
+      random_read_shards=_timed(lambda k: rows.take(random_batches[k]), steps),
+      random_read_array_record=_timed(array_record_read, steps),
+      loader_ours=_timed(lambda k: pipeline.batch_at(rows, k, batch, 0), steps),
+      loader_grain_over_shards=_timed(lambda k: grain_shards[k], steps),
+      loader_grain_over_array_record=_timed(lambda k: grain_ar[k], steps),
+      shard_file_bytes=os.path.getsize(os.path.join(tmp, "shards", meta["splits"]["train"]["shards"][0]["file"])),
+      array_record_file_bytes=os.path.getsize(path))
+  results["ratios"] = dict(
+      array_record_over_shards_random_read=results["random_read_array_record"] / results["random_read_shards"],
+      grain_over_ours_loader=results["loader_grain_over_shards"] / results["loader_ours"],
+      grain_array_record_over_ours_loader=results["loader_grain_over_array_record"] / results["loader_ours"])
+  return results
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="configs/bert.py:tiny", help="config whose format and seq_len to use")
@@ -152,7 +234,16 @@ def main():
   parser.add_argument("--mb", type=float, default=16.0, help="size of the demo text corpus, when no --corpus")
   parser.add_argument("--steps", type=int, default=300, help="loader steps to time")
   parser.add_argument("--json", default="", help="also write the results here")
+  parser.add_argument("--compare", action="store_true", help="only: our shards/loader vs ArrayRecord/grain")
   args = parser.parse_args()
+
+  if args.compare:
+    results = compare_grain_arrayrecord(args.mb, args.steps)
+    print(json.dumps(results, indent=2))
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(results, f, indent=2)
+    return
 
   with tempfile.TemporaryDirectory() as tmp:
     source = args.corpus or demo_corpus(tempfile.mkdtemp(dir=tmp), args.mb)

@@ -44,7 +44,8 @@ def defaults() -> ml_collections.ConfigDict:
       eval_fraction=0.1,  # documents held out for eval
       short_seq_prob=0.1,  # BERT: share of pair instances with a shorter random target length
       dupe_factor=5,  # passes over the corpus with different pairings
-      cache_dir="",  # tokenizer cache; empty: $BERTJAX_CACHE or ~/.cache/bertjax
+      cache_dir="",  # where sources other than shards: are prepared once; empty: $BERTJAX_CACHE or ~/.cache/bertjax
+      prepare_workers=0,  # processes preparing a source into the cache (0: in this one; big corpora: bertjax.prepare)
   )
   # Masking (max_predictions is derived: ceil(seq_len * mask_prob)).
   c.masking = dict(

@@ -77,21 +77,6 @@ def retain_host_memory() -> bool:
   return all([mallopt(param, value) == 1 for param, value in settings])  # a list: apply all three
 
 
-def hide_accelerators_from_tensorflow():
-  """TensorFlow (for tfds), when it is installed and already imported, must not grab the TPU/GPU memory
-  that JAX needs."""
-  import sys
-
-  tf = sys.modules.get("tensorflow")
-  if tf is None:
-    return
-  try:
-    tf.config.set_visible_devices([], "GPU")
-    tf.config.set_visible_devices([], "TPU")
-  except Exception:  # devices already initialized, or a TensorFlow without these calls
-    pass
-
-
 def join_job():
   """Joins a multi-process job when the environment describes one.
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import subprocess
 import sys
 
@@ -74,10 +75,17 @@ def test_packed_rows_keep_examples_apart_with_groups_and_restarted_positions():
 
 # ------------------------------------------------------------------ streaming pieces
 
-def test_chunks_hold_two_documents_and_hold_out_what_split_documents_holds_out():
+def _split(docs, eval_fraction):
+  """The documents kept for training and those held out: a fixed draw per document (seed 1234), in order."""
+  rng = random.Random(1234)
+  held = [rng.random() < eval_fraction for _ in docs]
+  return [d for d, h in zip(docs, held) if not h], [d for d, h in zip(docs, held) if h]
+
+
+def test_chunks_hold_two_documents_and_hold_out_a_fixed_choice_of_documents():
   docs = [[f"doc {i} " + "x" * (i % 7 * 40)] for i in range(101)]
   chunks = list(prepare_lib.chunk_documents(iter(docs), 0.2, chunk_bytes=300))
-  train, held = pipeline.split_documents(docs, 0.2)
+  train, held = _split(docs, 0.2)
   for split, expected in (("train", train), ("eval", held)):
     mine = [c for c in chunks if c[0] == split]
     assert [c[1] for c in mine] == list(range(len(mine)))
@@ -132,7 +140,7 @@ def prepared(corpus, tmp_path_factory):
 def test_shards_hold_the_counted_rows_and_the_held_out_documents(prepared, corpus):
   directory = prepared["configs/bert.py:tiny"]
   meta = shards.read_metadata(directory)
-  _, held = pipeline.split_documents(corpus[1], 0.1)
+  _, held = _split(corpus[1], 0.1)
   assert meta["format"] == "nsp" and meta["seq_len"] == 64
   assert meta["splits"]["eval"]["documents"] == len(held)
   assert meta["counts"]["source"]["documents"] == len(corpus[1])
@@ -149,17 +157,97 @@ def test_shards_hold_the_counted_rows_and_the_held_out_documents(prepared, corpu
 
 
 @pytest.mark.parametrize("spec", CONFIGS)
-def test_training_reads_memory_mapped_shards_shaped_like_in_memory_data(prepared, corpus, spec):
+def test_a_corpus_and_shards_prepared_from_it_give_the_same_batches(prepared, corpus, spec):
+  """One road: naming the text corpus prepares it into the cache with prepare's code, so (seed, step)
+  gives the same batch as `prepare` + shards:DIR of the same files."""
   from_shards = pipeline.build(micro(spec, **{"data.source": f"shards:{prepared[spec]}"}))
-  in_memory = pipeline.build(_config(spec, corpus))
-  assert isinstance(from_shards.train, shards.Rows) and isinstance(from_shards.eval, shards.Rows)
-  assert from_shards.stats["format"] == in_memory.stats["format"]
-  a = pipeline.batch_at(from_shards.train, 3, 8, seed=0)
-  b = pipeline.batch_at(in_memory.train, 3, 8, seed=0)
-  assert {k: (v.dtype, v.shape) for k, v in a.items()} == {k: (v.dtype, v.shape) for k, v in b.items()}
+  from_text = pipeline.build(_config(spec, corpus))
+  assert isinstance(from_text.train, shards.Rows) and isinstance(from_text.eval, shards.Rows)
+  assert from_text.train.directory.startswith(pipeline.cache_dir(_config(spec, corpus)))
+  assert from_text.tokenizer.fingerprint == from_shards.tokenizer.fingerprint
+  assert from_text.stats == from_shards.stats
+  for step in (0, 3, 1000):
+    a = pipeline.batch_at(from_shards.train, step, 8, seed=0)
+    b = pipeline.batch_at(from_text.train, step, 8, seed=0)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), f"step {step} differs"
+  a, b = (list(pipeline.eval_batches(d.eval, 8))[-1] for d in (from_shards, from_text))
+  np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
   halves = [pipeline.batch_at(from_shards.train, 3, 8, 0, process_index=p, process_count=2) for p in (0, 1)]
-  np.testing.assert_array_equal(np.concatenate([h["input_ids"] for h in halves]), a["input_ids"])
-  assert from_shards.tokenizer.fingerprint == shards.read_metadata(prepared[spec])["tokenizer"]["fingerprint"]
+  np.testing.assert_array_equal(np.concatenate([h["input_ids"] for h in halves]),
+                                pipeline.batch_at(from_shards.train, 3, 8, 0)["input_ids"])
+
+
+def test_the_cache_is_reused_and_keyed_by_every_setting_that_changes_the_rows(corpus, tmp_path, monkeypatch):
+  base = _config("configs/electra.py:tiny", corpus, **{"data.cache_dir": str(tmp_path)})
+  first = pipeline.build(base)
+  made = []
+  real = prepare_lib.prepare
+  monkeypatch.setattr(prepare_lib, "prepare", lambda *a, **k: made.append(1) or real(*a, **k))
+  again = pipeline.build(base)
+  assert not made and again.train.directory == first.train.directory
+  longer = pipeline.build(_config("configs/electra.py:tiny", corpus,
+                                  **{"data.cache_dir": str(tmp_path), "seq_len": 96}))
+  assert made == [1] and longer.train.directory != first.train.directory
+  assert len(pipeline.batch_at(longer.train, 0, 4, 0)["input_ids"][0]) == 96
+  entries = sorted(os.listdir(tmp_path))
+  assert [e.split("-")[0] for e in entries] == ["shards", "shards", "tokenizer"], entries  # one tokenizer, no leftovers
+  source = sources.fingerprint(base.data.source)
+  key = pipeline.shards_key(base, source, first.tokenizer.fingerprint)
+  for override in ({"seed": 1}, {"seq_len": 32}, {"data.dupe_factor": 2}, {"data.short_seq_prob": 0.2},
+                   {"data.eval_fraction": 0.2}, {"data.split_paragraphs": False}, {"data.format": "packed"},
+                   {"objectives.sop": 1.0}):
+    changed = _config("configs/electra.py:tiny", corpus, **override)
+    assert pipeline.shards_key(changed, source, first.tokenizer.fingerprint) != key, override
+  assert pipeline.shards_key(base, source, "another tokenizer") != key
+  tok_key = pipeline.tokenizer_key(base, source)
+  for override in ({"seed": 1}, {"model.vocab_size": 999}, {"data.tokenizer_model": "bpe"},
+                   {"data.tokenizer_sentences": 10}, {"data.eval_fraction": 0.2}):
+    assert pipeline.tokenizer_key(_config("configs/electra.py:tiny", corpus, **override), source) != tok_key, override
+  assert pipeline.tokenizer_key(_config("configs/electra.py:tiny", corpus, seq_len=32), source) == tok_key
+
+
+def test_cache_entries_appear_whole_or_not_at_all(tmp_path):
+  final = str(tmp_path / "shards-k")
+
+  def crash(tmp):
+    open(os.path.join(tmp, "train-00000.rows"), "w").close()
+    raise RuntimeError("killed")
+
+  with pytest.raises(RuntimeError):
+    pipeline._once(final, crash)
+  assert os.listdir(tmp_path) == []
+
+  def lose_the_race(tmp):  # another process renames its copy into place while this one prepares
+    os.makedirs(final)
+    open(os.path.join(final, "winner"), "w").close()
+    open(os.path.join(tmp, "loser"), "w").close()
+
+  assert pipeline._once(final, lose_the_race) == final
+  assert os.listdir(tmp_path) == ["shards-k"] and os.listdir(final) == ["winner"]
+
+
+def test_workers_code_computes_without_jax(prepared, corpus):
+  """prepare's workers import prepare_lib and tokenize: none of that may import JAX (or TensorFlow)."""
+  directory = prepared["configs/albert.py:tiny"]
+  meta = shards.read_metadata(directory)
+  script = f"""
+import os, sys, types
+pkg = types.ModuleType("bertjax")  # the package without its __init__: the data modules' own imports only
+pkg.__path__ = [os.path.join({REPO!r}, "bertjax")]
+sys.modules["bertjax"] = pkg
+import numpy as np
+from bertjax.data import pipeline, prepare_lib, shards, sources
+docs = list(sources.documents({corpus[0]!r}, sources.SourceStats()))[:6]
+dtype = shards.row_dtype({meta["fields"]!r}, 64)
+tokenizer = "spm:" + os.path.join({directory!r}, "tokenizer.model")
+settings = prepare_lib.Settings(tokenizer, True, "sop", 64, 0.1, 1, 0, dtype)
+result = prepare_lib.process_chunk((settings, "train", 0, docs))
+print(len(result.records), "jax" in sys.modules, "tensorflow" in sys.modules)
+"""
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  rows, jax, tf = done.stdout.split()
+  assert int(rows) > 0 and (jax, tf) == ("False", "False")
 
 
 @pytest.mark.parametrize("override,message", [
@@ -227,43 +315,21 @@ def _articles(n=60):
   return ["\n".join(" ".join(d[i:i + 3]) for i in range(0, len(d), 3)) for d in docs]
 
 
-def _check_tfds_shards(directory, n):
+def test_prepare_reads_a_tfds_dataset_without_tensorflow(tmp_path):
+  from test_sources import tiny_tfds
+
+  articles = _articles()
+  source = tiny_tfds(tmp_path / "tfds", articles)
+  config = micro("configs/electra.py:tiny", **{"data.source": source, "data.tfds_data_dir": str(tmp_path / "tfds"),
+                                               **SMALL_VOCAB})
+  directory = str(tmp_path / "shards")
+  prepare_lib.prepare(config, directory, workers=0, progress=None)
   meta = shards.read_metadata(directory)
-  assert meta["source"] == "tfds:wikipedia/20230601.en" and meta["counts"]["source"]["documents"] == n
+  assert meta["source"] == source and meta["counts"]["source"]["documents"] == len(articles)
   assert meta["settings"]["split_paragraphs"] and meta["splits"]["eval"]["rows"] > 0
   data = pipeline.build(micro("configs/electra.py:tiny", **{"data.source": f"shards:{directory}", **SMALL_VOCAB}))
   assert len(data.train) == meta["splits"]["train"]["rows"] > 0
-
-
-def test_prepare_reads_a_tfds_dataset(tmp_path, monkeypatch):
-  import types
-
-  articles = _articles()
-  fake = types.ModuleType("tensorflow_datasets")
-  fake.load = lambda name, split, shuffle_files, data_dir: [{"text": a.encode()} for a in articles]
-  fake.as_numpy = iter
-  fake.builder = lambda name, data_dir: None  # no metadata: progress without a total
-  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
-  config = micro("configs/electra.py:tiny", **{"data.source": "tfds:wikipedia/20230601.en", **SMALL_VOCAB})
-  prepare_lib.prepare(config, str(tmp_path), workers=0, progress=None)
-  _check_tfds_shards(str(tmp_path), len(articles))
-
-
-def test_prepare_reads_tfds_mock_data_through_the_real_library(tmp_path):
-  tfds = pytest.importorskip("tensorflow_datasets")
-  import tensorflow as tf
-
-  articles = _articles()
-
-  def as_dataset(self, *args, **kwargs):
-    return tf.data.Dataset.from_generator(lambda: ({"text": a, "title": "t"} for a in articles),
-                                          output_types=self.info.features.dtype,
-                                          output_shapes=self.info.features.shape)
-
-  config = micro("configs/electra.py:tiny", **{"data.source": "tfds:wikipedia/20230601.en", **SMALL_VOCAB})
-  with tfds.testing.mock_data(as_dataset_fn=as_dataset):
-    prepare_lib.prepare(config, str(tmp_path), workers=0, progress=None)
-  _check_tfds_shards(str(tmp_path), len(articles))
+  assert "tensorflow" not in sys.modules
 
 
 def test_cli_prints_the_summary_and_refuses_to_overwrite(corpus, tmp_path):

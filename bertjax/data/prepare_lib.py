@@ -1,9 +1,12 @@
-"""Streaming, parallel preparation of a corpus into shards: what `python -m bertjax.prepare` runs.
+"""Streaming, parallel preparation of a corpus into shards: the one road from text to training rows.
+
+`python -m bertjax.prepare` runs it with many workers for big corpora; `pipeline.build` runs the same
+code (in-process by default) into a cache directory for any source that is not `shards:DIR`.
 
 The flow, with memory bounded whatever the corpus size:
 
   source (main process, one pass)  ->  chunks of whole documents (~CHUNK_BYTES of text, >= 2 documents,
-  each document sent to train or to eval by the same fixed rule as pipeline.split_documents)
+  each document sent to train or to eval by a fixed rule, independent of the run's seed: held_out_rule)
   ->  worker processes (`--workers`): split sentences, tokenize, make instances
   ->  main process: rows appended to the shard files in chunk order, counts summed, progress printed.
 
@@ -30,11 +33,14 @@ import time
 import numpy as np
 
 from bertjax.data import instances, shards, sources
-from bertjax.data.tokenizer import Tokenizer, load_tokenizer
+from bertjax.data.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
 from bertjax.errors import UserError
 
+# Nothing here imports JAX (worker processes stay light): bertjax.config is imported lazily, in the
+# main process only, by `prepare`, to validate the config.
+
 CHUNK_BYTES = 1 << 20  # text per work unit: big enough to amortize the hand-over, small enough to spread
-_EVAL_SPLIT_SEED = 1234  # pipeline.split_documents's fixed rule: held-out documents do not depend on the seed
+_EVAL_SPLIT_SEED = 1234  # held-out documents do not depend on the run's seed
 _OUR_FILES = (shards.METADATA, "tokenizer.model", "tokenizer.vocab", "vocab.txt")
 
 
@@ -60,6 +66,31 @@ class ChunkResult:
   documents: int
   sentences: int
   tokens: int  # tokens of the corpus text (before instances are made)
+
+
+def resolve_format(config) -> str:
+  """The instance format of a run: the sentence objective's pairs, else config.data.format (auto: single).
+
+  The sentence objectives are named like the pair formats they train on (nsp, sop)."""
+  sentence = [o for o, weight in sorted(config.objectives.items()) if weight and o in instances.PAIR_FORMATS]
+  if len(sentence) > 1:
+    raise UserError(f"objectives {sentence} need different instances; keep one of them in --config.objectives")
+  needed, chosen = (sentence[0] if sentence else "single"), config.data.format
+  if needed in instances.PAIR_FORMATS:
+    if chosen not in ("auto", needed):
+      raise UserError(f"objective {needed} needs {needed} pairs, not data.format={chosen!r}; "
+                      f"set --config.data.format=auto or switch off --config.objectives.{needed}")
+    return needed
+  if chosen in instances.PAIR_FORMATS:
+    raise UserError(f"data.format={chosen!r} makes pairs for a sentence objective the config does not train; "
+                    f"set --config.objectives.{chosen} or --config.data.format=auto")
+  return "single" if chosen == "auto" else chosen
+
+
+def check_vocab_size(tok: Tokenizer, vocab: int):
+  if tok.vocab_size != vocab:
+    raise UserError(f"tokenizer {tok.spec()} has {tok.vocab_size} ids but config.model.vocab_size={vocab}; "
+                    f"set --config.model.vocab_size={tok.vocab_size}")
 
 
 def chunk_seed(seed: int, split: str, index: int) -> int:
@@ -170,29 +201,37 @@ def _sample_lines(reader: sources.Reader, eval_fraction: float, size: int, seed:
   return sample
 
 
-def prepare_tokenizer(config, reader: sources.Reader, directory: str) -> str:
-  """Puts the run's tokenizer beside the shards and returns its spec relative to `directory`.
+def prepare_tokenizer(config, reader: sources.Reader, directory: str, tokenizer: str = "") -> str:
+  """Puts the run's tokenizer in `directory` and returns its spec relative to `directory`.
 
-  config.data.tokenizer is copied there; with none, SentencePiece (data.tokenizer_model) is trained on
-  a sample of the training documents: data.tokenizer_sentences lines drawn uniformly (a reservoir, one
-  pass, memory bounded by the sample), split into sentences, shuffled with the seed.
+  `tokenizer` (default config.data.tokenizer) is copied there; with none, SentencePiece
+  (data.tokenizer_model) is trained on a sample of the training documents: data.tokenizer_sentences
+  lines drawn uniformly (a reservoir, one pass, memory bounded by the sample), split into sentences,
+  shuffled with the seed.
   """
-  from bertjax.data import pipeline  # pipeline imports the config module, which imports JAX
-
   d = config.data
-  if d.tokenizer:
-    tok = load_tokenizer(d.tokenizer)
+  tokenizer = tokenizer or d.tokenizer
+  if tokenizer:
+    tok = load_tokenizer(tokenizer)
     name = "tokenizer.model" if tok.kind == "spm" else "vocab.txt"
     shutil.copyfile(tok.path, os.path.join(directory, name))
     spec = f"{tok.kind}:{name}" + (":cased" if tok.kind == "wordpiece" and not tok.lowercase else "")
   else:
     lines = _sample_lines(reader, d.eval_fraction, d.tokenizer_sentences, config.seed)
+    if not lines:
+      raise _no_text(reader.spec)
     sentences = [s for line in lines for s in sources.to_sentences([line], reader.paragraphs)]
     random.Random(config.seed).shuffle(sentences)
-    pipeline.train_tokenizer(config, sentences, os.path.join(directory, "tokenizer"))
+    train_sentencepiece(sentences, os.path.join(directory, "tokenizer"), config.model.vocab_size,
+                        model_type=d.tokenizer_model, input_sentence_size=d.tokenizer_sentences,
+                        max_sentence_length=d.tokenizer_max_sentence_length, seed=config.seed)
     spec = "spm:tokenizer.model"
-  pipeline.check_vocab_size(load_tokenizer(absolute_spec(spec, directory)), config.model.vocab_size)
+  check_vocab_size(load_tokenizer(absolute_spec(spec, directory)), config.model.vocab_size)
   return spec
+
+
+def _no_text(source: str) -> UserError:
+  return UserError(f"data source {source!r} holds no text; point --config.data.source at a non-empty corpus")
 
 
 def absolute_spec(spec: str, directory: str) -> str:
@@ -263,7 +302,8 @@ def _add(total: instances.InstanceStats, part: instances.InstanceStats):
     setattr(total, f.name, getattr(total, f.name) + getattr(part, f.name))
 
 
-def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, progress=sys.stderr) -> dict:
+def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, progress=sys.stderr,
+            tokenizer: str = "") -> dict:
   """Prepares config.data.source into shards in `directory` for runs of `config`; returns the metadata.
 
   Args:
@@ -272,24 +312,24 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
     workers: processes that tokenize and make instances; 0 does everything in this process.
     overwrite: replace a preparation already in `directory`.
     progress: stream for the progress line (None: quiet).
+    tokenizer: a tokenizer spec to use instead of config.data.tokenizer (pipeline's cached one).
   """
-  from bertjax import config as config_lib
-  from bertjax.data import pipeline
+  from bertjax import config as config_lib  # imports JAX: main process only, never in the workers
 
   config_lib.validate(config)
   d = config.data
   if d.source.startswith("shards:"):
     raise UserError(f"data.source={d.source!r} is prepared already; name a corpus (demo, text:GLOB, tfds:NAME)")
-  fmt = pipeline.resolve_format(config)
+  fmt = resolve_format(config)
   directory = os.path.abspath(os.path.expanduser(directory))
   _claim_directory(directory, overwrite)
   reader = sources.open_source(d.source, split_paragraphs=d.split_paragraphs, tfds_text_key=d.tfds_text_key,
                                tfds_data_dir=d.tfds_data_dir)
   t0 = time.time()
-  if progress and not d.tokenizer:
+  if progress and not (tokenizer or d.tokenizer):
     print(f"prepare: training a SentencePiece {d.tokenizer_model} tokenizer of {config.model.vocab_size} pieces on "
           f"up to {d.tokenizer_sentences:,} sampled lines (one pass over the corpus)", file=progress, flush=True)
-  spec = prepare_tokenizer(config, reader, directory)
+  spec = prepare_tokenizer(config, reader, directory, tokenizer)
   tok = load_tokenizer(absolute_spec(spec, directory))
   types = shards.storage_types(_fields(fmt), tok.vocab_size)
   settings = Settings(absolute_spec(spec, directory), reader.paragraphs, fmt, config.seq_len, d.short_seq_prob,
@@ -316,6 +356,8 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
     bar.update(stats, tokens, made["train"].instances + made["eval"].instances, force=True)
     bar.close()
   stats.sentences = sentences
+  if not sentences:
+    raise _no_text(d.source)
   if not made["train"].instances or not made["eval"].instances:
     raise UserError(f"corpus {d.source!r} gave {made['train'].instances} train and {made['eval'].instances} eval "
                     f"{fmt} instances from {stats.documents} documents; use a larger corpus (SOP needs "

@@ -42,7 +42,7 @@ def row_dtype(types: list, seq_len: int) -> np.dtype:
 
 
 def _widen(name: str, column: np.ndarray) -> np.ndarray:
-  """A stored column in the type the in-memory pipeline uses (int32, or bool for word_start)."""
+  """A stored column in the type batches carry (int32, or bool for word_start)."""
   return column.astype(bool if name == "word_start" else np.int32)
 
 
@@ -93,8 +93,7 @@ class Rows:
   """The rows of one split, memory-mapped: `take(indices)` reads only those rows.
 
   Each shard file is mapped once, when first read (one open mapping per file per process); nothing
-  else of the corpus is held in memory. Quacks like the in-memory dict of arrays where the pipeline
-  needs it: `len(rows)`, `rows.keys()`, `rows[field]` (a whole column; small splits only).
+  else of the corpus is held in memory.
   """
 
   def __init__(self, directory: str, shards: list, dtype: np.dtype):
@@ -106,9 +105,6 @@ class Rows:
 
   def __len__(self) -> int:
     return int(self._ends[-1]) if len(self._ends) else 0
-
-  def keys(self):
-    return list(self.dtype.names)
 
   def _map(self, i: int) -> np.memmap:
     if i not in self._maps:
@@ -138,9 +134,6 @@ class Rows:
     """Rows `indices` as field -> array in the in-memory types."""
     records = self.records(indices)
     return {name: _widen(name, records[name]) for name in self.dtype.names}
-
-  def __getitem__(self, name: str) -> np.ndarray:
-    return self.take(np.arange(len(self)))[name]
 
 
 def write_metadata(directory: str, meta: dict):

@@ -13,12 +13,15 @@ lines are paragraphs). `documents(spec, stats)` does both, for callers that want
 - `tfds:NAME[:SPLIT]` (split `train` by default), e.g. `tfds:wikipedia/20230601.en`: one example per
   document, its `data.tfds_text_key` feature split into lines at newlines; tfds text is paragraphs
   (whole articles), so it is always split into sentences. tensorflow-datasets is optional (the `tfds`
-  extra), imported only here and only when such a source is read, with accelerators hidden from TF.
+  extra), imported only here and only when such a source is read. Datasets prepared as ArrayRecord are
+  read without TensorFlow (`tfds.data_source`); others through `tfds.load` (TensorFlow, hidden from
+  accelerators).
 """
 
 import dataclasses
 import glob
 import hashlib
+import importlib.util
 import os
 import re
 import sys
@@ -170,15 +173,21 @@ def _text_documents(files: list, stats: SourceStats) -> Iterator[list]:
 
 
 def import_tfds():
-  """tensorflow_datasets, with accelerators hidden from TensorFlow first; UserError if not installed."""
+  """tensorflow_datasets; UserError if not installed. Where TensorFlow is installed too, accelerators are
+  hidden from it first (DESIGN §5.6: TF must never take the GPU/TPU memory JAX needs)."""
   try:
     import tensorflow_datasets as tfds
   except ImportError as e:
-    raise UserError("tfds: sources need tensorflow-datasets; pip install 'bertjax[tfds]' "
-                    "(tensorflow-datasets and tensorflow-cpu), or prepare the corpus as text files") from e
-  from bertjax.runtime import hide_accelerators_from_tensorflow
+    raise UserError("tfds: sources need tensorflow-datasets; pip install 'bertjax[tfds]', "
+                    "or prepare the corpus as text files") from e
+  if importlib.util.find_spec("tensorflow") is not None:
+    try:
+      import tensorflow as tf
 
-  hide_accelerators_from_tensorflow()  # TF must never take the GPU/TPU memory JAX needs
+      tf.config.set_visible_devices([], "GPU")
+      tf.config.set_visible_devices([], "TPU")
+    except Exception:  # TF started already, or a build without these device kinds
+      pass
   return tfds
 
 
@@ -198,16 +207,31 @@ def _tfds_size(arg: str, data_dir: str) -> int:
     return 0
 
 
-def _tfds_documents(arg: str, text_key: str, data_dir: str, stats: SourceStats) -> Iterator[list]:
-  """One raw document per example of a tfds split, in the dataset's own (unshuffled) order."""
-  tfds = import_tfds()
-  name, split = _tfds_name_split(arg)
+def _tfds_examples(tfds, name: str, split: str, data_dir: str) -> Iterator[dict]:
+  """The examples of a tfds split in the dataset's own (unshuffled) order, as dicts of numpy / bytes.
+
+  Read with `tfds.data_source` (random access to ArrayRecord files, no TensorFlow); datasets prepared in
+  another file format (TFRecord) fall back to `tfds.load`, which needs TensorFlow."""
+  try:
+    records = tfds.data_source(name, split=split, data_dir=data_dir or None)
+  except Exception as e:  # not ArrayRecord, or not there: tfds.load says which below
+    first = e
+  else:
+    yield from (records[i] for i in range(len(records)))
+    return
   try:
     ds = tfds.load(name, split=split, shuffle_files=False, data_dir=data_dir or None)
   except Exception as e:  # tfds raises many types (DatasetNotFoundError, ValueError for a bad split, ...)
-    raise UserError(f"tfds could not load {name!r} split {split!r} ({type(e).__name__}: {e}); "
-                    "check the name and split in --config.data.source=tfds:NAME[:SPLIT]") from e
-  for example in tfds.as_numpy(ds):
+    raise UserError(f"tfds could not read {name!r} split {split!r} ({type(first).__name__}: {first}; then "
+                    f"{type(e).__name__}: {e}); check the name and split in --config.data.source=tfds:NAME[:SPLIT] "
+                    "and --config.data.tfds_data_dir") from e
+  yield from tfds.as_numpy(ds)
+
+
+def _tfds_documents(arg: str, text_key: str, data_dir: str, stats: SourceStats) -> Iterator[list]:
+  """One raw document per example of a tfds split, in the dataset's own (unshuffled) order."""
+  name, split = _tfds_name_split(arg)
+  for example in _tfds_examples(import_tfds(), name, split, data_dir):
     stats.progress += 1
     if text_key not in example:
       raise UserError(f"tfds dataset {name!r} has no feature {text_key!r} (it has {', '.join(sorted(example))}); "
@@ -250,7 +274,8 @@ def documents(source: str, stats: SourceStats, split_paragraphs: bool = False, *
 
 
 def fingerprint(source: str) -> str:
-  """A short hash that changes when the source's content does (names the cached tokenizer)."""
+  """A short hash that changes when the source's content does (part of the data cache's keys). A tfds
+  source is known by its name only: name the version (tfds:wikipedia/20230601.en) to pin its content."""
   h = hashlib.sha256(source.encode())
   kind, _, arg = source.partition(":")
   if kind == "demo":

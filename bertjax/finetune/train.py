@@ -90,7 +90,7 @@ def train_batch(arrays, step: int, config, seed: int) -> dict:
   reshuffled epochs (pipeline.batch_at). transformers mode: epoch-aligned batches, each epoch a fresh
   permutation, the last batch of an epoch padded with weight-0 rows."""
   if config.epoch_mode != "transformers":
-    return pipeline.batch_at(arrays, step, config.batch_size, seed)
+    return pipeline.batch_at(pipeline.ArrayRows(arrays), step, config.batch_size, seed)
   n, bs = len(arrays["input_ids"]), config.batch_size
   per_epoch = -(-n // bs)
   epoch, k = divmod(step, per_epoch)
@@ -145,7 +145,7 @@ def predict(params, arrays, model, batch_size: int) -> np.ndarray:
   """Model outputs [N, C] over a whole split (padded final batch dropped again)."""
   apply = _predict_fn(model)
   outs = []
-  for b in pipeline.eval_batches(arrays, batch_size):
+  for b in pipeline.eval_batches(pipeline.ArrayRows(arrays), batch_size):
     out = np.asarray(apply(params, {k: b[k] for k in ("input_ids", "type_ids", "groups")}))
     outs.append(out[b["example_weight"] > 0])
   return np.concatenate(outs)
