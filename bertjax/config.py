@@ -192,6 +192,21 @@ def validate(config):
     _check(config[key] > 0, f"{key}={config[key]} must be positive")
 
 
+def from_saved(saved: dict) -> ml_collections.ConfigDict:
+  """A saved config (a workdir's config.json) over today's defaults, so that a run saved before a key
+  existed reads with that key's default."""
+
+  def merge(base: ml_collections.ConfigDict, values: dict):
+    for key, value in values.items():
+      if isinstance(value, dict) and isinstance(base.get(key), ml_collections.ConfigDict):
+        merge(base[key], value)
+      else:
+        base[key] = value
+    return base
+
+  return merge(defaults(), saved)
+
+
 def load(spec: str) -> ml_collections.ConfigDict:
   """A config from "path/to/file.py:arg", as --config=... names it (for tests and notebooks)."""
   import importlib.util

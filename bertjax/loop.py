@@ -67,7 +67,9 @@ def check_workdir(config, workdir: str) -> bool:
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     return False
-  mine, theirs = _comparable(json.loads(config.to_json())), _comparable(json.load(open(path)))
+  # The saved config over today's defaults: a key added since the run was saved takes its default.
+  theirs = json.loads(config_lib.from_saved(json.load(open(path))).to_json())
+  mine, theirs = _comparable(json.loads(config.to_json())), _comparable(theirs)
   if theirs == mine:
     return False
   if not config.overwrite:

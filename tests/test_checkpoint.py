@@ -126,6 +126,21 @@ def test_workdir_of_another_config_is_refused_unless_overwrite(tmp_path):
   assert read_metrics(tmp_path)[0]["step"] == 2 and len([r for r in read_metrics(tmp_path) if "train/loss" in r]) == 1
 
 
+def test_a_run_saved_before_a_config_key_existed_still_resumes(tmp_path):
+  """config.json of an older bertjax lacks keys added since (here sharding_rules, data.prepare_workers):
+  they take their defaults, so the run is the same config, not another one."""
+  import json
+
+  c = micro()
+  saved = json.loads(c.to_json())
+  del saved["sharding_rules"], saved["data"]["prepare_workers"]
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  assert loop.check_workdir(c, str(tmp_path)) is False  # resumable, nothing to replace
+  c.seed = 7
+  with pytest.raises(UserError, match="differs in seed"):
+    loop.check_workdir(c, str(tmp_path))
+
+
 def test_init_from_loads_weights_only(tmp_path):
   c = micro(total_steps=3, checkpoint_every=3, log_every=3, eval_every=3)
   loop.train_and_evaluate(c, str(tmp_path / "source"))

@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 from bertjax.data import instances, shards, sources
-from bertjax.data.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
+from bertjax.data.tokenizer import Tokenizer, load_tokenizer, reservoir_sample, train_sentencepiece
 from bertjax.errors import UserError
 
 # Nothing here imports JAX (worker processes stay light): bertjax.config is imported lazily, in the
@@ -186,19 +186,9 @@ def ordered_map(fn, tasks, workers: int, max_in_flight: int = 0):
 
 def _sample_lines(reader: sources.Reader, eval_fraction: float, size: int, seed: int) -> list:
   """A uniform sample (reservoir) of `size` lines of the training documents (all of them if size <= 0)."""
-  held, rng, sample, seen = held_out_rule(eval_fraction), random.Random(seed), [], 0
-  for lines in reader.read(sources.SourceStats()):
-    if held():
-      continue
-    for line in lines:
-      if size <= 0 or len(sample) < size:
-        sample.append(line)
-      else:
-        slot = int(rng.random() * (seen + 1))
-        if slot < size:
-          sample[slot] = line
-      seen += 1
-  return sample
+  held = held_out_rule(eval_fraction)
+  kept = (lines for lines in reader.read(sources.SourceStats()) if not held())  # held() once per document
+  return reservoir_sample((line for lines in kept for line in lines), size, seed)
 
 
 def prepare_tokenizer(config, reader: sources.Reader, directory: str, tokenizer: str = "") -> str:

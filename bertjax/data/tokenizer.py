@@ -104,9 +104,13 @@ class Tokenizer(abc.ABC):
   def id_to_token(self, i: int) -> str:
     """The piece / token string of id `i`; IndexError outside [0, vocab_size)."""
 
-  @abc.abstractmethod
   def spec(self) -> str:
     """The string `load_tokenizer` accepts to load this tokenizer again."""
+    return f"{self.kind}:{self.path}"
+
+  def __reduce__(self):
+    # Native tokenizers are not picklable; worker processes reload the model from its path.
+    return (type(self), (self.path,))
 
   @abc.abstractmethod
   def _encode_ids(self, text: str) -> list[int]:
@@ -177,12 +181,6 @@ class SentencePieceTokenizer(Tokenizer):
   def id_to_token(self, i: int) -> str:
     return self._sp.id_to_piece(self._check_id(i))
 
-  def spec(self) -> str:
-    return f"spm:{self.path}"
-
-  def __reduce__(self):
-    # SentencePieceProcessor is not picklable; data-loader workers reload the model from its path.
-    return (type(self), (self.path,))
 
 
 class WordPieceTokenizer(Tokenizer):
@@ -228,7 +226,7 @@ class WordPieceTokenizer(Tokenizer):
     return self._tok.id_to_token(self._check_id(i))
 
   def spec(self) -> str:
-    return f"wordpiece:{self.path}" + ("" if self.lowercase else ":cased")
+    return super().spec() + ("" if self.lowercase else ":cased")
 
   def __reduce__(self):
     return (type(self), (self.path, self.lowercase))
@@ -254,28 +252,25 @@ def load_tokenizer(spec: str) -> Tokenizer:
   raise UserError(f"bad tokenizer spec {spec!r}; use {_SPECS}")
 
 
-def _sample_sentences(sentences: Iterable[str], size: int, max_bytes: int, seed: int) -> list[str]:
-  """A uniform sample of at most `size` (all if `size` <= 0) non-blank sentences of at most `max_bytes`.
+def reservoir_sample(items: Iterable, size: int, seed: int) -> list:
+  """A uniform sample of `size` items (all of them if size <= 0) in one pass, memory bounded by the
+  sample (reservoir sampling with a seeded generator)."""
+  rng, sample = random.Random(seed), []
+  for seen, item in enumerate(items):
+    if size <= 0 or len(sample) < size:
+      sample.append(item)
+    elif (slot := int(rng.random() * (seen + 1))) < size:
+      sample[slot] = item
+  return sample
 
-  Reservoir sampling with a seeded generator: SentencePiece's own sampling ignores its seed, so the
-  sample is drawn here to make training reproducible.
-  """
-  rng = random.Random(seed)
-  reservoir = []
-  kept = 0
-  for sentence in sentences:
-    sentence = sentence.strip()
-    # SentencePiece would skip longer sentences; dropping them first keeps them from taking sample slots.
-    if not sentence or len(sentence.encode("utf-8")) > max_bytes:
-      continue
-    if size <= 0 or kept < size:
-      reservoir.append(sentence)
-    else:
-      slot = int(rng.random() * (kept + 1))
-      if slot < size:
-        reservoir[slot] = sentence
-    kept += 1
-  return reservoir
+
+def _sample_sentences(sentences: Iterable[str], size: int, max_bytes: int, seed: int) -> list[str]:
+  """A uniform sample of at most `size` (all if `size` <= 0) non-blank sentences of at most `max_bytes`:
+  SentencePiece's own sampling ignores its seed, so the sample is drawn here to make training
+  reproducible. SentencePiece would skip longer sentences; dropping them first keeps them from taking
+  sample slots."""
+  stripped = (s.strip() for s in sentences)
+  return reservoir_sample((s for s in stripped if s and len(s.encode("utf-8")) <= max_bytes), size, seed)
 
 
 def _training_error(error: Exception, vocab_size: int) -> UserError | None:

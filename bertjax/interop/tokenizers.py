@@ -98,11 +98,6 @@ class HFTokenizer(Tokenizer):
   def id_to_token(self, i: int) -> str:
     return self._tok.id_to_token(self._check_id(i))
 
-  def spec(self) -> str:
-    return f"hf:{self.path}"
-
-  def __reduce__(self):
-    return (type(self), (self.path,))
 
 
 def truncated_lengths(lengths: list, budget: int) -> list:

@@ -54,16 +54,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   with open(path) as f:
     saved = json.load(f)
   # Over today's defaults, so that a run saved before a key existed still loads (with the default).
-  return _merge(config_lib.defaults(), saved)
-
-
-def _merge(base: ml_collections.ConfigDict, saved: dict) -> ml_collections.ConfigDict:
-  for key, value in saved.items():
-    if isinstance(value, dict) and isinstance(base.get(key), ml_collections.ConfigDict):
-      _merge(base[key], value)
-    else:
-      base[key] = value
-  return base
+  return config_lib.from_saved(saved)
 
 
 def load(workdir: str, with_tokenizer: bool = True):
