@@ -26,7 +26,8 @@ def _batch(seed=0, word_prob=0.5):
 
 def _run(scheme, seed=0, **kw):
   ids, ws = _batch(seed)
-  cfg = masking.MaskingConfig(*VOCAB_FACTS, scheme=scheme, max_predictions=masking.max_predictions(S, kw.get("mask_prob", 0.15)), **kw)
+  cfg = masking.MaskingConfig(*VOCAB_FACTS, scheme=scheme,
+                              max_predictions=masking.max_predictions(S, kw.get("mask_prob", 0.15)), **kw)
   out = jax.jit(lambda r: masking.mask_batch(r, ids, ws, cfg))(
       jax.random.key(seed))
   out = jax.tree.map(np.asarray, out)
