@@ -96,6 +96,7 @@ class Steps:
 
   model: Pretrainer
   tx: object
+  schedule: object  # step -> learning rate, the one tx follows (what the loop logs as `lr`)
   cfg: step_lib.StepConfig
   state_shardings: object  # TrainState of NamedShardings
   abstract_state: object  # TrainState of ShapeDtypeStructs carrying those shardings (restore target)
@@ -113,7 +114,8 @@ def make_steps(config, mesh, special: SpecialIds) -> Steps:
   (jit with out_shardings), never built on one host and copied.
   """
   rules = sharding.config_rules(config)
-  model, tx = make_model(config), optim.for_pretraining(config)
+  schedule = optim.pretraining_schedule(config)
+  model, tx = make_model(config), optim.make(config.optimizer, schedule)
   cfg = step_config(config, special)
   with nn.logical_axis_rules(rules):
     boxed = jax.eval_shape(functools.partial(init_state, model=model, tx=tx, config=config), jax.random.key(0))
@@ -128,4 +130,5 @@ def make_steps(config, mesh, special: SpecialIds) -> Steps:
   evaluate = jax.jit(functools.partial(step_lib.eval_step, model=model, cfg=cfg),
                      in_shardings=(shardings.params, batch_sharding, repl), out_shardings=repl)
   on_mesh = functools.partial(Jitted, mesh=mesh, rules=rules)
-  return Steps(model, tx, cfg, shardings, abstract, batch_sharding, on_mesh(init), on_mesh(train), on_mesh(evaluate))
+  return Steps(model, tx, schedule, cfg, shardings, abstract, batch_sharding, on_mesh(init), on_mesh(train),
+               on_mesh(evaluate))

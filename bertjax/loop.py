@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from bertjax import build, checkpoint, config as config_lib, flops, optim, runtime, sharding
+from bertjax import build, checkpoint, config as config_lib, flops, runtime, sharding
 from bertjax.data import pipeline
 from bertjax.errors import UserError
 from bertjax.metrics import MetricWriter, finalize, sum_metrics
@@ -224,7 +224,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       summed = functools.reduce(sum_metrics, pending)
       values = {f"train/{k}": v for k, v in finalize(jax.device_get(summed)).items()}  # skipped: a Sum
       dt = time.time() - t_log
-      values["lr"] = float(optim.pretraining_schedule(config)(done - 1))
+      values["lr"] = float(steps.schedule(done - 1))
       values["tokens_per_sec"] = (done - step_log) * tokens_per_step / dt
       if peak:
         values["mfu"] = values["tokens_per_sec"] * flops_per_token / peak

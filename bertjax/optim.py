@@ -1,7 +1,7 @@
 """Optimizers: AdamW or ALBERT's LAMB, the reference schedules, decay mask, clipping.
 
 `make(optimizer_config, schedule(kind, peak, warmup, total))` is the one factory: pretraining passes its
-config's `optimizer` section and run length, fine-tuning its own (`for_pretraining` does the former).
+config's `optimizer` section and `pretraining_schedule(config)`, fine-tuning its own section and step counts.
 
 Schedules (`optimizer.schedule`), t the step (0-based, the step the rate is used for), w warmup, T total:
   linear   BERT / ALBERT `optimization.py`: peak * t / w while t < w, then peak * (1 - t / T)
@@ -125,8 +125,3 @@ def pretraining_schedule(config) -> optax.Schedule:
   """A pretraining config's schedule: optimizer.schedule from 0 to learning_rate over warmup_steps, down
   to 0 at total_steps."""
   return schedule(config.optimizer.schedule, config.learning_rate, config.warmup_steps, config.total_steps)
-
-
-def for_pretraining(config) -> optax.GradientTransformation:
-  """A pretraining config's optimizer."""
-  return make(config.optimizer, pretraining_schedule(config))

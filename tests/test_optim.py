@@ -60,6 +60,10 @@ def _lr_config(schedule, peak=1e-3, warmup=100, total=1000):
   return c
 
 
+def _pretraining_tx(config):
+  return optim.make(config.optimizer, optim.pretraining_schedule(config))
+
+
 # The reference formulas, transcribed from their sources once (bertjax/interop/torch_reference.py, also the
 # parity tests' schedules), plus cosine (t: 0-based step, w: warmup, T: total).
 REFERENCE = dict(ref.SCHEDULES,
@@ -79,7 +83,7 @@ def test_the_optimizer_steps_with_the_schedule(kind):
   """A constant gradient makes each AdamW update lr(t) x 1 (no decay, no clipping): the applied rates."""
   config = _lr_config(kind, peak=1e-2, warmup=4, total=12)
   config.optimizer.weight_decay, config.optimizer.clip_norm = 0.0, 0.0
-  tx = optim.for_pretraining(config)
+  tx = _pretraining_tx(config)
   params = {"w": jnp.ones(3)}
   state = tx.init(params)
   for t in range(12):
@@ -91,7 +95,7 @@ def test_the_optimizer_steps_with_the_schedule(kind):
 def test_gradients_are_clipped_to_global_norm_one(name):
   config = _lr_config("linear")
   config.optimizer.name = name
-  tx = optim.for_pretraining(config)
+  tx = _pretraining_tx(config)
   params = {"a": jnp.ones((2, 3)), "b": jnp.ones(4)}
   for scale, expected_norm in ((10.0, 1.0), (0.5, 0.5)):
     grads = {"a": jnp.full((2, 3), 1.0), "b": jnp.full(4, 1.0)}
@@ -164,8 +168,9 @@ def test_lamb_matches_albert_reference_per_layer(sharing, layers, groups):
   grads = [jax.tree.map(lambda x: rng.normal(0, 0.05, x.shape).astype(np.float32), params) for _ in range(10)]
   lrs = [float(optim.pretraining_schedule(config)(t)) for t in range(10)]
 
-  tx = jax.jit(optim.for_pretraining(config).update)
-  state, ours = optim.for_pretraining(config).init(params), jax.tree.map(jnp.asarray, params)
+  optimizer = _pretraining_tx(config)
+  tx = jax.jit(optimizer.update)
+  state, ours = optimizer.init(params), jax.tree.map(jnp.asarray, params)
   for g in grads:
     updates, state = tx(g, state, ours)
     ours = optax.apply_updates(ours, updates)
