@@ -80,7 +80,7 @@ def rules_for(preset: str, explicit: str = ""):
 
 def config_rules(config):
   """The run's rules: --config.sharding's preset, or --config.sharding_rules in their place."""
-  return rules_for(config.sharding, config.get("sharding_rules", ""))
+  return rules_for(config.sharding, config.sharding_rules)
 
 
 @contextlib.contextmanager
