@@ -68,6 +68,28 @@ def test_tsv_reader_maps_labels_and_skips_bad_rows(tmp_path):
   assert ex.labels.tolist() == [1, 0]
 
 
+def test_tfds_tasks_are_read_as_pretraining_sources_are(monkeypatch):
+  """glue/rte through tfds's random-access reader (no TensorFlow), tfds's label ids mapped to the task's
+  label names, test-split rows (label -1) skipped."""
+  import sys
+  import types
+
+  calls = []
+  examples = [dict(sentence1=b"A b.", sentence2=b"C d.", label=1), dict(sentence1=b"E.", sentence2=b"F.", label=0),
+              dict(sentence1=b"G.", sentence2=b"H.", label=-1)]
+  fake = types.ModuleType("tensorflow_datasets")
+  fake.data_source = lambda name, split, data_dir: calls.append((name, split)) or examples
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+  task = load_config("configs/finetune.py:rte").task
+  task.source = "tfds:glue/rte"
+  ex = task_data.read_split(task, train=False)
+  assert calls == [("glue/rte", task.eval_split)]
+  assert ex.a == ["A b.", "E."] and ex.b == ["C d.", "F."] and ex.skipped == 1
+  tf_names, names = task.tfds_labels.split(","), task.labels.split(",")
+  assert ex.labels.tolist() == [names.index(tf_names[1]), names.index(tf_names[0])]
+  assert "tensorflow" not in sys.modules
+
+
 def _pair_task(directory, n_train=3000, n_eval=300):
   """"Is B a word-shuffled copy of A, or another sentence?" from Python's own docs (balanced labels)."""
   stats = sources.SourceStats()

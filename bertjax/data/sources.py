@@ -207,7 +207,7 @@ def _tfds_size(arg: str, data_dir: str) -> int:
     return 0
 
 
-def _tfds_examples(tfds, name: str, split: str, data_dir: str) -> Iterator[dict]:
+def tfds_examples(tfds, name: str, split: str, data_dir: str) -> Iterator[dict]:
   """The examples of a tfds split in the dataset's own (unshuffled) order, as dicts of numpy / bytes.
 
   Read with `tfds.data_source` (random access to ArrayRecord files, no TensorFlow); datasets prepared in
@@ -231,7 +231,7 @@ def _tfds_examples(tfds, name: str, split: str, data_dir: str) -> Iterator[dict]
 def _tfds_documents(arg: str, text_key: str, data_dir: str, stats: SourceStats) -> Iterator[list]:
   """One raw document per example of a tfds split, in the dataset's own (unshuffled) order."""
   name, split = _tfds_name_split(arg)
-  for example in _tfds_examples(import_tfds(), name, split, data_dir):
+  for example in tfds_examples(import_tfds(), name, split, data_dir):
     stats.progress += 1
     if text_key not in example:
       raise UserError(f"tfds dataset {name!r} has no feature {text_key!r} (it has {', '.join(sorted(example))}); "

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+from bertjax.data import sources
 from bertjax.errors import UserError
 from bertjax.interop.tokenizers import encode_example
 
@@ -62,17 +63,11 @@ def read_tsv(path: str, task) -> Examples:
 
 
 def read_tfds(name: str, split: str, task) -> Examples:
-  """A tfds split (e.g. glue/rte, validation); tensorflow-datasets is an optional extra."""
-  os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # TensorFlow must not take the accelerators (DESIGN §5.6)
-  try:
-    import tensorflow as tf
-    import tensorflow_datasets as tfds
-  except ImportError as e:
-    raise UserError("tfds sources need tensorflow-datasets: pip install bertjax[tfds] (or use tsv:DIR)") from e
-  tf.config.set_visible_devices([], "GPU")
+  """A tfds split (e.g. glue/rte, validation), read as pretraining's tfds sources are (without TensorFlow
+  for ArrayRecord datasets; tensorflow-datasets is an optional extra)."""
   names, tf_names = label_names(task), [x for x in task.tfds_labels.split(",") if x]
   a, b, labels, skipped = [], [], [], 0
-  for ex in tfds.as_numpy(tfds.load(name, split=split)):
+  for ex in sources.tfds_examples(sources.import_tfds(), name, split, ""):
     label = ex["label"]
     if names and not 0 <= int(label) < len(tf_names):  # test splits have label -1
       skipped += 1
