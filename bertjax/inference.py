@@ -46,14 +46,16 @@ def load(hf_dir: str = "", workdir: str = "", generator_dir: str = "") -> Loaded
 
 
 @functools.lru_cache(maxsize=16)
-def _jitted(model, method: str, mutable: tuple):
+def _jitted(model, method, mutable: tuple):
   return jax.jit(lambda p, *a: model.apply({"params": p}, *a, method=method, mutable=list(mutable) or False))
 
 
-def _apply(config, method: str, params, *args, mutable: tuple = ()):
-  """The config's Pretrainer's `method` on `params` (inference: no dropout), jitted once per model and
-  method; with `mutable` collections, (output, their values)."""
-  return _jitted(build.make_model(config), method, mutable)(params, *args)
+def _apply(config, method, params, input_ids, type_ids, mutable: tuple = ()):
+  """The config's Pretrainer's `method` (a method name, or a function of the module and the inputs) on
+  `params` and unpadded int32 inputs (inference: no dropout), jitted once per model and method; with
+  `mutable` collections, (output, their values)."""
+  ids, types = jnp.asarray(input_ids, jnp.int32), jnp.asarray(type_ids, jnp.int32)
+  return _jitted(build.make_model(config), method, mutable)(params, ids, types)
 
 
 def _encode_fn(m, ids, types):
@@ -62,15 +64,13 @@ def _encode_fn(m, ids, types):
 
 def hidden_states(config, params, input_ids, type_ids) -> np.ndarray:
   """Final hidden states [B, S, H] of the main encoder (Embeddings + Encoder) for unpadded inputs."""
-  ids = jnp.asarray(input_ids, jnp.int32)
-  return np.asarray(_apply(config, _encode_fn, params, ids, jnp.asarray(type_ids, jnp.int32)))
+  return np.asarray(_apply(config, _encode_fn, params, input_ids, type_ids))
 
 
 def attention_probs(config, params, input_ids, type_ids) -> np.ndarray:
   """Attention probabilities [layers, B, heads, S, S] of the main encoder for unpadded inputs: the
   softmax each layer computes in the forward pass (rows sum to 1)."""
-  ids = jnp.asarray(input_ids, jnp.int32)
-  _, sown = _apply(config, _encode_fn, params, ids, jnp.asarray(type_ids, jnp.int32), mutable=("intermediates",))
+  _, sown = _apply(config, _encode_fn, params, input_ids, type_ids, mutable=("intermediates",))
   found = [v for path, v in jax.tree_util.tree_leaves_with_path(sown["intermediates"]["encoder"])
            if any(getattr(k, "key", None) == "attention_probs" for k in path)]
   (probs,) = found  # one per encoder: the scanned layers stack it along axis 0
@@ -101,8 +101,7 @@ def encode(loaded: Loaded, text: str) -> np.ndarray:
 def logits(config, params, input_ids, type_ids) -> dict:
   """The pretraining heads' logits for unpadded inputs, every position scored: `mlm` [B, S, V] (ELECTRA:
   the generator's), and as the model has them `sentence` [B, 2] (NSP/SOP) and `rtd` [B, S]."""
-  ids, types = jnp.asarray(input_ids, jnp.int32), jnp.asarray(type_ids, jnp.int32)
-  return jax.tree.map(np.asarray, _apply(config, "score", params, ids, types))
+  return jax.tree.map(np.asarray, _apply(config, "score", params, input_ids, type_ids))
 
 
 def fill_mask(loaded: Loaded, text: str, top_k: int = 5) -> list:
