@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax
 from absl import app, flags
 
-from bertjax import bench, config as config_lib
+from bertjax import bench, config as config_lib, runtime
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (name, shallow config, deep config, model overrides)
@@ -51,6 +51,7 @@ def compile_seconds(config) -> float:
 
 def main(argv):
   del argv
+  runtime.setup()  # what every entry point does first: platform, host memory, JAX flags
   # A first compile pays one-time costs (LLVM and backend start-up); keep them out of the first row.
   compile_seconds(load("configs/bert.py:tiny", {}))
   rows = []

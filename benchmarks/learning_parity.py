@@ -100,6 +100,9 @@ def main():
   p.add_argument("--plot", default="", help="PNG path (default: WORK_DIR/learning_parity.png)")
   p.add_argument("--json", default="", help="also write the curves as JSON here")
   args = p.parse_args()
+  from bertjax import runtime
+
+  runtime.setup()  # what every entry point does first: platform, host memory, JAX flags
   if args.steps < args.eval_every or args.layers < 1:
     sys.exit("error: --steps must be at least --eval_every")
   import glob

@@ -4,7 +4,7 @@ Same BERT config (float32), batch, sequence length and thread count; both train 
 15% of the tokens plus NSP, AdamW and gradient clipping at 1.0. bertjax runs its real jitted train step
 (masking on device included); PyTorch runs eager HF (its default attention), with the masked batch made
 once beforehand, as a data loader would. PyTorch runs in a process of its own, so that each side has its
-own glibc malloc policy (`bertjax/host.py`: `BERTJAX_HOST_MALLOC=retain` for bertjax's process,
+own glibc malloc policy (`bertjax/runtime.py`: `BERTJAX_HOST_MALLOC=retain` for bertjax's process,
 `--torch_malloc=retain` for PyTorch's) and neither's worker threads spin in the other's way. Steps
 of the two alternate in rounds, so both see the same machine load; the medians and their ratio are
 printed, then one JSON line. bertjax's MFU is against a 2048^3 float32 matmul timed between its steps,
@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from bertjax import bench, config as config_lib
+from bertjax import bench, config as config_lib, runtime
 from bertjax.data.tokenizer import SPM_SPECIAL
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,7 +45,7 @@ _STEPS = flags.DEFINE_integer("steps", 5, "timed steps per side and round")
 _ROUNDS = flags.DEFINE_integer("rounds", 2, "rounds of alternating bertjax / PyTorch steps")
 _THREADS = flags.DEFINE_integer("threads", 0, "PyTorch intra-op threads (0: all cores, as XLA uses)")
 _TORCH_MALLOC = flags.DEFINE_enum("torch_malloc", "default", ["default", "retain"],
-                                  "the PyTorch process's glibc malloc policy (bertjax/host.py)")
+                                  "the PyTorch process's glibc malloc policy (bertjax/runtime.py)")
 
 
 def bert_config(variant: str, batch_size: int, seq_len: int):
@@ -138,6 +138,7 @@ def torch_matmul_peak(n: int = 2048, repeats: int = 10) -> float:
 def torch_process(conn, spec: dict, batch: dict, threads: int):
   """The PyTorch side, in its own process: builds the model, then answers ("steps", n) with n step times
   and ("matmul",) with `torch_matmul_peak()`, until ("close",)."""
+  runtime.setup()  # BERTJAX_HOST_MALLOC as TorchProcess set it, before torch starts its threads
   import torch
 
   torch.set_num_threads(threads)
@@ -153,7 +154,7 @@ def torch_process(conn, spec: dict, batch: dict, threads: int):
 
 class TorchProcess:
   """`torch_process` in a child process started with the requested glibc malloc policy (a spawned child
-  re-imports this module, hence bertjax, whose import applies `BERTJAX_HOST_MALLOC`)."""
+  inherits `BERTJAX_HOST_MALLOC`, which `runtime.setup()` applies first thing in `torch_process`)."""
 
   def __init__(self, spec: dict, batch: dict, threads: int, malloc: str):
     ctx = multiprocessing.get_context("spawn")
@@ -231,6 +232,7 @@ def torch_side(config) -> TorchProcess:
 
 def main(argv):
   del argv
+  runtime.setup()  # what every entry point does first: platform, host memory, JAX flags
   results, peak, torch_peak = [], bench.matmul_peak(), None
   for variant in _VARIANTS.value:
     config = bert_config(variant, _BATCH.value, _SEQ.value)
