@@ -231,10 +231,8 @@ def test_workers_code_computes_without_jax(prepared, corpus):
   directory = prepared["configs/albert.py:tiny"]
   meta = shards.read_metadata(directory)
   script = f"""
-import os, sys, types
-pkg = types.ModuleType("bertjax")  # the package without its __init__: the data modules' own imports only
-pkg.__path__ = [os.path.join({REPO!r}, "bertjax")]
-sys.modules["bertjax"] = pkg
+import os, sys
+sys.path.insert(0, {REPO!r})
 import numpy as np
 from bertjax.data import pipeline, prepare_lib, shards, sources
 docs = list(sources.documents({corpus[0]!r}, sources.SourceStats()))[:6]
