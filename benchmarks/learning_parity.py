@@ -24,6 +24,7 @@ import zlib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(1, os.path.join(REPO, "tests"))  # torch_reference: the transformers side, shared with the tests
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -62,7 +63,7 @@ def torch_eval(model, masked_batches):
   import numpy as np
   import torch
 
-  from bertjax.interop import torch_reference as ref
+  import torch_reference as ref
 
   model.eval()
   loss_sum = correct = n = 0.0
@@ -113,10 +114,11 @@ def main():
   import jax
   import numpy as np
   import torch
+  import torch_reference as ref
 
   from bertjax import build, config as config_lib, sharding, step as step_lib
   from bertjax.data import pipeline
-  from bertjax.interop import convert, torch_reference as ref
+  from bertjax.interop import convert
 
   os.makedirs(args.work_dir, exist_ok=True)
   config = prepared(make_config(args), args.work_dir)

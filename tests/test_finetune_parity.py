@@ -24,7 +24,7 @@ from conftest import load_config, micro
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from bertjax.interop import torch_reference as ref  # noqa: E402  (needs torch)
+import torch_reference as ref  # noqa: E402  (needs torch; tests/torch_reference.py)
 
 STEPS, LOSS_RTOL, PARAM_TOL, FLOOR = 20, 1e-3, 1e-3, 1e-3  # FLOOR: see tests/test_parity.py
 SPECIAL = SPM_SPECIAL

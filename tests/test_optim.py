@@ -17,7 +17,7 @@ from bertjax.model.encoder import is_stacked
 from conftest import micro
 
 pytest.importorskip("torch")
-from bertjax.interop import torch_reference as ref  # noqa: E402  (needs torch)
+import torch_reference as ref  # noqa: E402  (needs torch; tests/torch_reference.py)
 
 
 def _leaves(tree):

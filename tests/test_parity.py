@@ -19,7 +19,7 @@ from conftest import micro
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from bertjax.interop import torch_reference as ref  # noqa: E402  (needs torch)
+import torch_reference as ref  # noqa: E402  (needs torch; tests/torch_reference.py)
 
 STEPS, LOSS_RTOL, PARAM_TOL = 20, 1e-3, 1e-3
 # A tensor whose values stay below this is compared in absolute terms (PARAM_TOL x FLOOR): the attention

@@ -1,7 +1,8 @@
 """The transformers (PyTorch) side of a parity check: a bertjax model exported to HF and trained with the
 same masked batches, optimizer settings and schedule, written as transformers users write it.
 
-Used by tests/test_parity.py and benchmarks/learning_parity.py; needs the `test` extra (torch,
+Used by tests/test_parity.py, test_finetune_parity.py, test_optim.py and benchmarks/*_parity.py (which put
+tests/ on their path); not part of the package. Needs the `test` extra (torch,
 transformers). Nothing here imports bertjax's optimizer: the schedules are transcribed from their
 sources, so a bertjax schedule that drifts from them shows up as a parity failure.
 """
