@@ -31,6 +31,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(1, os.path.join(REPO, "tests"))  # torch_reference: the transformers side, shared with the tests
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -64,7 +65,7 @@ def finetune_config(args, task: str, data_dir: str, seed: int):
   c.seed, c.seeds, c.batch_size, c.seq_len, c.epochs = seed, 1, args.batch_size, args.seq_len or TASKS[task][3], 3.0
   c.learning_rate, c.warmup_fraction, c.epoch_mode = args.lr, 0.1, "transformers"
   c.optimizer.schedule, c.optimizer.eps, c.optimizer.weight_decay = "linear_after_warmup", 1e-6, 0.01
-  c.model.classifier_dropout = 0.1
+  c.model.classifier_dropout = c.model.dropout = c.model.attention_dropout = args.dropout
   c.init.checkpoint, c.task.source = args.checkpoint, f"tsv:{data_dir}"
   c.log_every = 10_000
   return c
@@ -85,22 +86,45 @@ def torch_encode(tok, rows, columns, labels, seq_len):
   return enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], y
 
 
-def run_torch(config, data_dir: str, columns, labels, seed: int) -> float:
-  """run_glue's recipe in a plain loop: RandomSampler order, AdamW groups, warmup + linear decay, clipping."""
+def bertjax_draws(config, seed: int, setup: dict, n: int) -> dict:
+  """What bertjax's seed `seed` draws besides dropout: its fresh classifier and each epoch's row order."""
+  import numpy as np
+
+  from bertjax.data import pipeline
+  from bertjax.finetune import train
+
+  head = train.seed_start(config, seed, setup)[1]["classifier"]
+  return dict(kernel=np.array(head["kernel"]), bias=np.array(head["bias"]),
+              orders=[pipeline.permuted(seed, e, np.arange(n), n) for e in range(int(config.epochs))])
+
+
+def run_torch(config, data_dir: str, columns, labels, seed: int, draws: dict | None) -> float:
+  """run_glue's recipe in a plain loop: AdamW groups, warmup + linear decay, clipping. The classifier and
+  the epochs' row order are torch's own (normal(0, 0.02), RandomSampler) or, paired, bertjax's `draws`."""
   import torch
   import transformers
 
-  from bertjax.interop import torch_reference as ref
+  import torch_reference as ref
 
   torch.manual_seed(seed)
   tok = transformers.AutoTokenizer.from_pretrained(config.init.checkpoint)
   model = transformers.BertForSequenceClassification.from_pretrained(
-      config.init.checkpoint, num_labels=len(labels), classifier_dropout=config.model.classifier_dropout)
+      config.init.checkpoint, num_labels=len(labels), classifier_dropout=config.model.classifier_dropout,
+      hidden_dropout_prob=config.model.classifier_dropout, attention_probs_dropout_prob=config.model.classifier_dropout)
   train = torch_encode(tok, read_tsv(os.path.join(data_dir, "train.tsv")), columns, labels, config.seq_len)
   dev = torch_encode(tok, read_tsv(os.path.join(data_dir, "dev.tsv")), columns, labels, config.seq_len)
-  loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*train), batch_size=config.batch_size,
-                                       shuffle=True, generator=torch.Generator().manual_seed(seed))
-  total = len(loader) * int(config.epochs)
+  n, bs = len(train[0]), config.batch_size
+  if draws is None:
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*train), batch_size=bs, shuffle=True,
+                                         generator=torch.Generator().manual_seed(seed))
+    epochs = [loader] * int(config.epochs)
+  else:
+    with torch.no_grad():
+      model.classifier.weight.copy_(torch.from_numpy(draws["kernel"].T))
+      model.classifier.bias.copy_(torch.from_numpy(draws["bias"]))
+    epochs = [[[t[torch.from_numpy(order[i:i + bs])] for t in train] for i in range(0, n, bs)]
+              for order in draws["orders"]]
+  total = sum(len(e) for e in epochs)
   warmup = math.ceil(config.warmup_fraction * total)
   named = list(model.named_parameters())
   o = config.optimizer
@@ -110,8 +134,8 @@ def run_torch(config, data_dir: str, columns, labels, seed: int) -> float:
       lr=config.learning_rate, betas=(o.b1, o.b2), eps=o.eps)
   sched = transformers.get_linear_schedule_with_warmup(opt, warmup, total)
   model.train()
-  for _ in range(int(config.epochs)):
-    for ids, types, mask, y in loader:
+  for epoch in epochs:
+    for ids, types, mask, y in epoch:
       loss = model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=y).loss
       ref.train_step(loss, opt, sched, [p for _, p in named], o.clip_norm)
   model.eval()
@@ -152,6 +176,10 @@ def main():
   p.add_argument("--seq_len", type=int, default=0, help="0: 64 for SST-2, 128 for RTE")
   p.add_argument("--batch_size", type=int, default=32)
   p.add_argument("--lr", type=float, default=5e-5)
+  p.add_argument("--dropout", type=float, default=0.1, help="hidden, attention and classifier dropout, both sides")
+  p.add_argument("--paired", type=int, default=1,
+                 help="1: PyTorch's seed s starts from bertjax's seed-s classifier and row order (dropout stays each "
+                      "side's own); 0: each side draws its own")
   p.add_argument("--work_dir", default="/tmp/bertjax-finetune-parity")
   p.add_argument("--json", default="")
   args = p.parse_args()
@@ -181,12 +209,17 @@ def main():
     print(f"{task}: train {n or 'all'} examples, seq_len {args.seq_len or TASKS[task][3]}; tokenizations agree on "
           f"{agree}/{total} dev inputs", flush=True)
     scores = {"bertjax": [], "pytorch": []}
+    if args.paired:
+      from bertjax.finetune import train
+
+      setup = train.prepare(finetune_config(args, task, data_dir, 0))
     for seed in range(args.seeds):
       config = finetune_config(args, task, data_dir, seed)
       t0 = time.time()
       scores["bertjax"].append(run_bertjax(config, os.path.join(args.work_dir, task, f"bertjax-{seed}")))
       t1 = time.time()
-      scores["pytorch"].append(run_torch(config, data_dir, columns, labels, seed))
+      draws = bertjax_draws(config, seed, setup, len(setup["train"]["input_ids"])) if args.paired else None
+      scores["pytorch"].append(run_torch(config, data_dir, columns, labels, seed, draws))
       print(f"{task} seed {seed}: bertjax {scores['bertjax'][-1]:.4f} ({t1 - t0:.0f} s), "
             f"PyTorch {scores['pytorch'][-1]:.4f} ({time.time() - t1:.0f} s)", flush=True)
     import numpy as np

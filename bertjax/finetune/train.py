@@ -151,15 +151,21 @@ def predict(params, arrays, model, batch_size: int) -> np.ndarray:
   return np.concatenate(outs)
 
 
+def seed_start(config, seed: int, setup: dict) -> tuple[Classifier, dict]:
+  """(training model, starting params) of `seed`: the pretrained encoder (and pooler) and a head drawn from key(seed)."""
+  train_model = Classifier(setup["cfg"], setup["num_outputs"], config.model.classifier_dropout, deterministic=False,
+                           head=setup["head"])
+  return train_model, init_params(train_model, jax.random.key(seed), setup["pretrained"], setup["pooler"])[0]
+
+
 def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   """Fine-tunes once with `seed`; returns the final eval metrics (and writes them per step)."""
   task, total, warmup = config.task, setup["total"], setup["warmup"]
-  cfg, num_outputs = setup["cfg"], setup["num_outputs"]
-  regression = num_outputs == 1
+  cfg = setup["cfg"]
+  regression = setup["num_outputs"] == 1
   names = task.metrics.split(",")
-  train_model = Classifier(cfg, num_outputs, config.model.classifier_dropout, deterministic=False, head=setup["head"])
+  train_model, params = seed_start(config, seed, setup)
   eval_model = train_model.clone(deterministic=True)
-  params, _ = init_params(train_model, jax.random.key(seed), setup["pretrained"], setup["pooler"])
   tx = make_tx(config, params, cfg, total, warmup)
   opt_state = tx.init(params)
   step_fn = setup.setdefault("step_fn", jax.jit(functools.partial(train_step, model=train_model, tx=tx,
