@@ -114,7 +114,7 @@ def make_steps(config, mesh, special: SpecialIds) -> Steps:
   (jit with out_shardings), never built on one host and copied.
   """
   rules = sharding.config_rules(config)
-  schedule = optim.pretraining_schedule(config)
+  schedule = config_lib.lr_schedule(config)
   model, tx = make_model(config), optim.make(config.optimizer, schedule)
   cfg = step_config(config, special)
   with nn.logical_axis_rules(rules):

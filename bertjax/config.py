@@ -5,8 +5,11 @@ command line (`--config.model.hidden_size=256`). Objective weights of 0 switch a
 combination is a command-line change: `--config.objectives.sop=1 --config.objectives.nsp=0`.
 """
 
+import dataclasses
+
 import jax.numpy as jnp
 import ml_collections
+import optax
 
 from bertjax import masking, optim
 from bertjax.errors import UserError
@@ -21,9 +24,13 @@ def defaults() -> ml_collections.ConfigDict:
   c.seed = 0  # every random choice (data order, pairs, masks, dropout, sampling) derives from it
   c.batch_size = 256  # global batch, split over processes and devices
   c.seq_len = 128  # tokens per example
-  c.total_steps = 1_000_000
-  c.warmup_steps = 10_000
+  c.total_steps = 1_000_000  # of the whole run, every phase included
+  c.warmup_steps = 10_000  # -1: warmup_fraction x total_steps, so that changing total_steps keeps the shape
+  c.warmup_fraction = 0.0
   c.learning_rate = 1e-4  # peak
+  # Training phases, run in order by one command (`phase(...)` makes one; see `phases`). Empty: one phase of
+  # seq_len x batch_size for total_steps. Parameters and optimizer state carry across a boundary.
+  c.phases = ()
   c.grad_accum_steps = 1  # microbatches per step (lax.scan inside the step)
   c.sharding = "dp"  # dp | fsdp | fsdp_tp (bertjax.sharding.PRESETS)
   c.mesh = dict(data=0, fsdp=0, tensor=0)  # mesh axis sizes; 0 keeps the preset's
@@ -47,10 +54,11 @@ def defaults() -> ml_collections.ConfigDict:
       cache_dir="",  # where sources other than shards: are prepared once; empty: $BERTJAX_CACHE or ~/.cache/bertjax
       prepare_workers=0,  # processes preparing a source into the cache (0: in this one; big corpora: bertjax.prepare)
   )
-  # Masking (max_predictions is derived: ceil(seq_len * mask_prob)).
+  # Masking.
   c.masking = dict(
       scheme="token",  # token | whole_word | ngram | span
       mask_prob=0.15,
+      max_predictions=0,  # MLM slots per example (the budget); 0: ceil(seq_len x mask_prob)
       mask_token_prob=0.8,  # of the chosen tokens: share replaced by [MASK]
       random_token_prob=0.1,  # ... by a random token (the rest stay as they are)
       max_ngram=3,  # ngram scheme
@@ -91,7 +99,7 @@ def defaults() -> ml_collections.ConfigDict:
       eps=1e-6,
       weight_decay=0.01,  # not applied to biases and LayerNorm
       clip_norm=1.0,  # global gradient norm
-      schedule="linear",  # linear (BERT/ALBERT) | linear_after_warmup (RoBERTa) | electra | cosine: bertjax.optim
+      schedule="linear",  # linear (BERT/ALBERT) | linear_after_warmup (RoBERTa) | electra | cosine | poly_sqrt: bertjax.optim
   )
   # Logging, checkpoints, eval.
   c.log_every = 100
@@ -124,9 +132,78 @@ def encoder_config(m, generator: bool = False) -> EncoderConfig:
       activation=m.activation, position_offset=m.position_offset)
 
 
+def phase(fraction: float, **values) -> dict:
+  """One entry of config.phases: its `fraction` of total_steps (the last phase ends at total_steps) and, where
+  nonzero, its own seq_len, batch_size and max_predictions (else the run's), and learning_rate: a phase with a
+  learning rate restarts the schedule (optimizer.schedule over the phase's steps, peak learning_rate, warmup
+  warmup_fraction of them; NVIDIA's LAMB recipe), one without continues the run's (BERT's 128 -> 512)."""
+  entry = dict(fraction=fraction, seq_len=0, batch_size=0, max_predictions=0, learning_rate=0.0, warmup_fraction=0.0)
+  unknown = set(values) - set(entry)
+  if unknown:
+    raise UserError(f"unknown phase keys {sorted(unknown)}; use {', '.join(entry)}")
+  return dict(entry, **values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+  """Steps [start, end) of a run, and the run's config as this phase trains it (its seq_len, batch_size and
+  masking.max_predictions in place): what data, steps and summaries are built from."""
+
+  index: int
+  start: int
+  end: int
+  learning_rate: float  # 0: the run's schedule continues through the phase
+  warmup_fraction: float
+  config: ml_collections.ConfigDict
+
+  @property
+  def steps(self) -> int:
+    return self.end - self.start
+
+
+def phases(config) -> list:
+  """The run's phases (one, the config itself, when config.phases is empty)."""
+  if not config.phases:
+    return [Phase(0, 0, config.total_steps, 0.0, 0.0, config)]
+  out, done, start = [], 0.0, 0
+  for i, p in enumerate(config.phases):
+    done += p["fraction"]
+    end = config.total_steps if i == len(config.phases) - 1 else int(round(done * config.total_steps))
+    c = config.copy_and_resolve_references()
+    c.seq_len = p["seq_len"] or config.seq_len
+    c.batch_size = p["batch_size"] or config.batch_size
+    c.masking.max_predictions = p["max_predictions"] or config.masking.max_predictions
+    out.append(Phase(i, start, end, p["learning_rate"], p["warmup_fraction"], c))
+    start = end
+  return out
+
+
+def phase_at(config, step: int) -> Phase:
+  """The phase that trains step `step` (0-based; the last phase for step == total_steps)."""
+  plan = phases(config)
+  return next((p for p in plan if p.start <= step < p.end), plan[-1])
+
+
+def warmup_steps(config) -> int:
+  return config.warmup_steps if config.warmup_steps >= 0 else int(round(config.warmup_fraction * config.total_steps))
+
+
+def lr_schedule(config) -> optax.Schedule:
+  """The run's learning rate at each step: optimizer.schedule from 0 to learning_rate over the warmup, down to
+  0 at total_steps; a phase with its own learning_rate runs that schedule over its own steps instead."""
+  kind = config.optimizer.schedule
+  run = optim.schedule(kind, config.learning_rate, warmup_steps(config), config.total_steps)
+  plan = phases(config)
+  if all(not p.learning_rate for p in plan):
+    return run
+  pieces = [optim.schedule(kind, p.learning_rate, int(round(p.warmup_fraction * p.steps)), p.steps)
+            if p.learning_rate else (lambda t, s=p.start: run(t + s)) for p in plan]
+  return optax.join_schedules(pieces, [p.start for p in plan[1:]])
+
+
 def max_predictions(config) -> int:
-  """The MLM slots gathered per example (static shape), derived from seq_len and mask_prob."""
-  return masking.max_predictions(config.seq_len, config.masking.mask_prob)
+  """The MLM slots gathered per example (static shape): masking.max_predictions, or ceil(seq_len x mask_prob)."""
+  return config.masking.max_predictions or masking.max_predictions(config.seq_len, config.masking.mask_prob)
 
 
 def masking_config(config, special) -> masking.MaskingConfig:
@@ -151,10 +228,6 @@ def validate(config):
          f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; "
          "change one of them so that the head width is whole")
   _check(m.activation in ("gelu", "gelu_new"), f"model.activation={m.activation!r}; use gelu or gelu_new")
-  _check(config.seq_len + m.position_offset <= m.max_positions,
-         f"seq_len={config.seq_len} exceeds the position table (model.max_positions={m.max_positions}); "
-         "lower --config.seq_len or raise --config.model.max_positions")
-  _check(config.seq_len >= 8, f"seq_len={config.seq_len} is too short for a [CLS] A [SEP] B [SEP] pair; use >= 8")
   _check(m.sharing in SHARING_MODES, f"model.sharing={m.sharing!r}; use one of {', '.join(SHARING_MODES)}")
   _check(m.remat in REMAT_POLICIES, f"model.remat={m.remat!r}; use one of {', '.join(REMAT_POLICIES)}")
   _check(m.dtype in DTYPES, f"model.dtype={m.dtype!r}; use one of {', '.join(DTYPES)}")
@@ -178,10 +251,14 @@ def validate(config):
   _check(config.optimizer.name in ("adamw", "lamb"), f"optimizer.name={config.optimizer.name!r}; use adamw or lamb")
   _check(config.optimizer.schedule in optim.SCHEDULES,
          f"optimizer.schedule={config.optimizer.schedule!r}; use one of {', '.join(optim.SCHEDULES)}")
-  _check(config.batch_size % config.grad_accum_steps == 0,
-         f"batch_size={config.batch_size} is not divisible by grad_accum_steps={config.grad_accum_steps}")
-  _check(0 <= config.warmup_steps <= config.total_steps,
-         f"warmup_steps={config.warmup_steps} must be between 0 and total_steps={config.total_steps}")
+  _check(config.warmup_steps <= config.total_steps,
+         f"warmup_steps={config.warmup_steps} exceeds total_steps={config.total_steps}; lower --config.warmup_steps, "
+         "or give warmup as a share of the run: --config.warmup_steps=-1 --config.warmup_fraction=0.1")
+  _check(config.warmup_steps >= -1, f"warmup_steps={config.warmup_steps}; use >= 0, or -1 for warmup_fraction")
+  _check(0 <= config.warmup_fraction < 1, f"warmup_fraction={config.warmup_fraction} must be in [0, 1)")
+  _check(config.masking.max_predictions >= 0,
+         f"masking.max_predictions={config.masking.max_predictions}; use >= 1, or 0 for ceil(seq_len x mask_prob)")
+  _validate_phases(config)
   _check(0 < config.data.eval_fraction < 1, f"data.eval_fraction={config.data.eval_fraction} must be in (0, 1)")
   _check(config.data.format in ("auto", "nsp", "sop", "single", "full_sentences", "packed"),
          f"data.format={config.data.format!r}; use auto, single, full_sentences or packed "
@@ -190,6 +267,34 @@ def validate(config):
          f"data.tokenizer_model={config.data.tokenizer_model!r}; use unigram or bpe")
   for key in ("log_every", "eval_every", "checkpoint_every", "total_steps", "batch_size", "max_nonfinite_steps"):
     _check(config[key] > 0, f"{key}={config[key]} must be positive")
+
+
+def _validate_phases(config):
+  """config.phases' entries, and the shapes (seq_len, batch, masking budget) of every phase."""
+  for i, p in enumerate(config.phases):
+    _check(isinstance(p, dict) and set(p) == set(phase(1.0)),
+           f"phases[{i}] is {p!r}; make each phase with bertjax.config.phase(fraction, ...)")
+    _check(p["fraction"] > 0 and p["learning_rate"] >= 0 and 0 <= p["warmup_fraction"] < 1,
+           f"phases[{i}]: fraction must be > 0, learning_rate >= 0 and warmup_fraction in [0, 1); got {p!r}")
+  if config.phases:
+    total = sum(p["fraction"] for p in config.phases)
+    _check(abs(total - 1) < 1e-6, f"the phases' fractions add up to {total:g}, not 1; fix --config.phases[i].fraction")
+  for ph in phases(config):
+    key = (lambda k, run_key: run_key) if not config.phases else (lambda k, run_key: f"phases[{ph.index}].{k}")
+    c, m = ph.config, ph.config.model
+    _check(ph.steps >= 1, f"phase {ph.index + 1} has no steps at total_steps={config.total_steps}; raise "
+           f"--config.total_steps or --config.{key('fraction', '')}")
+    _check(c.seq_len + m.position_offset <= m.max_positions,
+           f"{key('seq_len', 'seq_len')}={c.seq_len} exceeds the position table (model.max_positions="
+           f"{m.max_positions}); lower --config.{key('seq_len', 'seq_len')} or raise --config.model.max_positions")
+    _check(c.seq_len >= 8, f"{key('seq_len', 'seq_len')}={c.seq_len} is too short for a [CLS] A [SEP] B [SEP] "
+           "pair; use >= 8")
+    budget = max_predictions(c)
+    _check(1 <= budget <= c.seq_len, f"{key('max_predictions', 'masking.max_predictions')}={budget} must be between "
+           f"1 and seq_len={c.seq_len}; fix --config.{key('max_predictions', 'masking.max_predictions')}")
+    _check(c.batch_size > 0 and c.batch_size % c.grad_accum_steps == 0,
+           f"{key('batch_size', 'batch_size')}={c.batch_size} is not a positive multiple of grad_accum_steps="
+           f"{c.grad_accum_steps}; fix --config.{key('batch_size', 'batch_size')}")
 
 
 def from_saved(saved: dict) -> ml_collections.ConfigDict:
@@ -227,6 +332,7 @@ def tiny_on_demo(c: ml_collections.ConfigDict, vocab_size: int = 2000) -> ml_col
   c.model.vocab_size = vocab_size
   c.model.dtype = "float32"
   c.batch_size, c.seq_len = 32, 128
-  c.total_steps, c.warmup_steps, c.learning_rate = 600, 60, 2e-3
+  c.total_steps, c.learning_rate = 600, 2e-3
+  c.warmup_steps, c.warmup_fraction = -1, 0.1  # 60 steps of 600; a shorter run keeps the shape
   c.log_every, c.eval_every, c.checkpoint_every = 50, 200, 200
   return c

@@ -103,6 +103,13 @@ def describe_data(data: pipeline.Dataset) -> str:
   return line
 
 
+def describe_phase(phase: config_lib.Phase, count: int) -> str:
+  """"phase 1/2: steps 0-900000 x batch 256 x seq_len 128, max_predictions 20" (the recipe of one phase)."""
+  c = phase.config
+  return (f"phase {phase.index + 1}/{count}: steps {phase.start}-{phase.end} x batch {c.batch_size} x seq_len "
+          f"{c.seq_len}, max_predictions {config_lib.max_predictions(c)}")
+
+
 def global_batch(host_batch: dict, sharding_) -> dict:
   """This host's rows -> global jax.Arrays split over (data, fsdp): no host holds the global batch."""
   return {k: jax.make_array_from_process_local_data(sharding_, v) for k, v in host_batch.items()}
@@ -141,38 +148,45 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   # ---------------------------------------------------------------- Setup
   config_lib.validate(config)
   replace = check_workdir(config, workdir)
+  plan = config_lib.phases(config)
   n_proc, proc = jax.process_count(), jax.process_index()
   mesh = sharding.make_mesh(config.sharding, overrides=dict(config.mesh))
   n_dev = jax.device_count()
-  micro = config.batch_size // config.grad_accum_steps
-  if config.batch_size % n_dev or micro % n_dev or config.batch_size % n_proc:
-    raise UserError(f"batch_size={config.batch_size} (microbatch {micro}) is not divisible by the {n_dev} devices "
-                    f"of {n_proc} processes; use a multiple of {n_dev * config.grad_accum_steps}")
-  eval_bs = config.eval_batch_size or config.batch_size
-  if eval_bs % n_dev:
-    raise UserError(f"eval_batch_size={eval_bs} is not divisible by the {n_dev} devices; use a multiple of {n_dev}")
+  for phase in plan:
+    batch, name = phase.config.batch_size, "batch_size" if len(plan) == 1 else f"phases[{phase.index}].batch_size"
+    micro = batch // config.grad_accum_steps
+    if batch % n_dev or micro % n_dev or batch % n_proc:
+      raise UserError(f"{name}={batch} (microbatch {micro}) is not divisible by the {n_dev} devices of {n_proc} "
+                      f"processes; use a multiple of {n_dev * config.grad_accum_steps}")
+    eval_bs = config.eval_batch_size or batch
+    if eval_bs % n_dev:
+      raise UserError(f"eval_batch_size={eval_bs} is not divisible by the {n_dev} devices; use a multiple of {n_dev}")
   allreduce_s = runtime.startup_check(mesh, config.startup_timeout)
 
-  # ---------------------------------------------------------------- Data
+  # ---------------------------------------------------------------- Data (every phase's: a bad input fails now)
   t0 = time.time()
-  data = pipeline.build(config)
-  tok = data.tokenizer
+  datasets = {}  # seq_len -> Dataset: the rows depend on a phase's seq_len only
+  for phase in plan:
+    if phase.config.seq_len not in datasets:
+      datasets[phase.config.seq_len] = pipeline.build(phase.config)
+  tok = datasets[plan[0].config.seq_len].tokenizer
   claim_workdir(config, workdir, replace)  # only now: a bad input must leave an existing workdir as it was
   writer = MetricWriter(workdir, enabled=proc == 0)
-  writer.info(describe_data(data) + f" [{time.time() - t0:.1f}s]")
-  tokens_per_step = config.batch_size * config.seq_len
+  for seq_len, data in datasets.items():
+    writer.info(describe_data(data) + (f" (seq_len {seq_len})" if len(datasets) > 1 else "") +
+                f" [{time.time() - t0:.1f}s]")
   writer.info(f"processes {n_proc}, devices {n_dev} ({jax.devices()[0].platform}), mesh {dict(mesh.shape)}, "
-              f"preset {config.sharding}; batch global {config.batch_size}, per host {config.batch_size // n_proc}, "
-              f"per device {config.batch_size // n_dev}; {tokens_per_step} tokens/step; "
-              f"all-reduce self-test {allreduce_s:.2f}s")
-
-  # ---------------------------------------------------------------- Model, optimizer, steps
-  steps = build.make_steps(config, mesh, tok.special)
+              f"preset {config.sharding}; " + "; ".join(
+                  f"{describe_phase(p, len(plan))}: batch per host {p.config.batch_size // n_proc}, per device "
+                  f"{p.config.batch_size // n_dev}" for p in plan) + f"; all-reduce self-test {allreduce_s:.2f}s")
 
   # ---------------------------------------------------------------- State
   # Resume order: (1) the latest checkpoint in workdir (same run, exact), (2) weights from
   # config.init_from (a new run: fresh optimizer, step 0), (3) a fresh initialization.
   ckpt = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
+  start = ckpt.latest_step() or 0
+  current = config_lib.phase_at(config, start)
+  steps = build.make_steps(current.config, mesh, tok.special)  # the phase's shapes; the state is every phase's
   if ckpt.latest_step() is not None:
     state = ckpt.restore(steps.abstract_state)
     writer.info(f"resumed from {ckpt.directory} at step {int(state.step)}")
@@ -182,17 +196,14 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       params = checkpoint.restore_params(config.init_from, steps.abstract_state.params)
       state = dataclasses.replace(state, params=params)
       writer.info(f"initialized weights from {config.init_from}")
-  start = int(state.step)
   man = manifest(config, tok, mesh, steps.model)
   n_params = sum(x.size for x in jax.tree.leaves(state.params))
-  flops_per_token = flops.train_flops_per_token(
-      steps.model.cfg, config.seq_len, steps.cfg.masking.max_predictions, steps.model.generator,
-      steps.model.sentence_head)
   peak = flops.peak_flops(jax.devices()[0]) * n_dev
-  writer.info(f"model: {n_params:,} parameters, {flops_per_token / 1e6:.1f} MFLOPs/token (train)")
+  writer.info(f"model: {n_params:,} parameters")
 
-  def evaluate(step: int):
+  def evaluate(step: int, phase: config_lib.Phase, data: pipeline.Dataset):
     sums = None
+    eval_bs = config.eval_batch_size or phase.config.batch_size
     for i, host in enumerate(pipeline.eval_batches(data.eval, eval_bs, proc, n_proc)):
       m = steps.eval(state.params, global_batch(host, steps.batch_sharding), jnp.int32(i))
       sums = m if sums is None else sum_metrics(sums, m)
@@ -201,48 +212,60 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   def save(step: int):
     ckpt.save(step, state, man, force=True)
 
-  # ---------------------------------------------------------------- Train
+  # ---------------------------------------------------------------- Train, phase by phase
   preemption = _Preemption()
-  pending, t_log, step_log, t_start = [], time.time(), start, time.time()
+  t_start = time.time()
   bad_in_a_row, prev_skipped = 0, None
-  for step in range(start, config.total_steps):
-    host = pipeline.batch_at(data.train, step, config.batch_size, config.seed, proc, n_proc)
-    state, metrics = steps.train(state, global_batch(host, steps.batch_sharding))
-    pending.append(metrics)  # stays on device until the next log (fetching every step halves speed)
-    done = step + 1
-    # Non-finite guard: read the previous step's flag (already computed, so no pipeline stall).
-    if prev_skipped is not None:
-      bad_in_a_row = bad_in_a_row + 1 if float(prev_skipped) > 0 else 0
-    prev_skipped = metrics["skipped"].value
-    if bad_in_a_row >= config.max_nonfinite_steps:
-      save(done)
-      ckpt.close()
-      raise UserError(f"stopped at step {done}: {bad_in_a_row} steps in a row had a non-finite loss or gradient norm "
-                      f"(updates skipped; the last good state is saved in {ckpt.directory}); lower the learning "
-                      "rate, check the data, or use float32")
-    if done % config.log_every == 0 or done == config.total_steps:
-      summed = functools.reduce(sum_metrics, pending)
-      values = {f"train/{k}": v for k, v in finalize(jax.device_get(summed)).items()}  # skipped: a Sum
-      dt = time.time() - t_log
-      values["lr"] = float(steps.schedule(done - 1))
-      values["tokens_per_sec"] = (done - step_log) * tokens_per_step / dt
-      if peak:
-        values["mfu"] = values["tokens_per_sec"] * flops_per_token / peak
-      writer.write(done, values)
-      writer.progress(done, config.total_steps, values, time.time() - t_start, done - start)
-      pending, t_log, step_log = [], time.time(), done
-    if done % config.eval_every == 0 or done == config.total_steps:
-      evaluate(done)
-    if done % config.checkpoint_every == 0 or done == config.total_steps:
-      save(done)
-    # SIGTERM here, or another host's (jax's multi-host preemption sync point, via orbax): save and stop.
-    if preemption.requested or ckpt.manager.reached_preemption(done):
-      if done % config.checkpoint_every and done != config.total_steps:
+  for phase in plan[current.index:]:
+    pc = phase.config
+    if phase is not current:  # new shapes: the steps are rebuilt (and recompiled) for them
+      steps, current = build.make_steps(pc, mesh, tok.special), phase
+    data = datasets[pc.seq_len]
+    tokens_per_step = pc.batch_size * pc.seq_len
+    flops_per_token = flops.train_flops_per_token(
+        steps.model.cfg, pc.seq_len, steps.cfg.masking.max_predictions, steps.model.generator, steps.model.sentence_head)
+    writer.info(f"{describe_phase(phase, len(plan))}; {flops_per_token / 1e6:.1f} MFLOPs/token (train)")
+    pending, t_log, step_log = [], time.time(), max(start, phase.start)
+    for step in range(max(start, phase.start), phase.end):
+      host = pipeline.batch_at(data.train, step - phase.start, pc.batch_size, config.seed, proc, n_proc)
+      state, metrics = steps.train(state, global_batch(host, steps.batch_sharding))
+      pending.append(metrics)  # stays on device until the next log (fetching every step halves speed)
+      done = step + 1
+      # Non-finite guard: read the previous step's flag (already computed, so no pipeline stall).
+      if prev_skipped is not None:
+        bad_in_a_row = bad_in_a_row + 1 if float(prev_skipped) > 0 else 0
+      prev_skipped = metrics["skipped"].value
+      if bad_in_a_row >= config.max_nonfinite_steps:
         save(done)
-      ckpt.close()
-      writer.info(f"preempted: saved step {done} in {ckpt.directory}; run the same command to resume")
-      writer.close()
-      return state
+        ckpt.close()
+        raise UserError(f"stopped at step {done}: {bad_in_a_row} steps in a row had a non-finite loss or gradient "
+                        f"norm (updates skipped; the last good state is saved in {ckpt.directory}); lower the "
+                        "learning rate, check the data, or use float32")
+      last = done == phase.end  # a phase ends with a log, an eval and a checkpoint (resume at the boundary)
+      if done % config.log_every == 0 or last:
+        summed = functools.reduce(sum_metrics, pending)
+        values = {f"train/{k}": v for k, v in finalize(jax.device_get(summed)).items()}  # skipped: a Sum
+        dt = time.time() - t_log
+        values["lr"] = float(steps.schedule(done - 1))
+        values["tokens_per_sec"] = (done - step_log) * tokens_per_step / dt
+        if peak:
+          values["mfu"] = values["tokens_per_sec"] * flops_per_token / peak
+        values["phase"], values["seq_len"] = phase.index + 1, pc.seq_len
+        writer.write(done, values)
+        writer.progress(done, config.total_steps, values, time.time() - t_start, done - start)
+        pending, t_log, step_log = [], time.time(), done
+      if done % config.eval_every == 0 or last:
+        evaluate(done, phase, data)
+      if done % config.checkpoint_every == 0 or last:
+        save(done)
+      # SIGTERM here, or another host's (jax's multi-host preemption sync point, via orbax): save and stop.
+      if preemption.requested or ckpt.manager.reached_preemption(done):
+        if done % config.checkpoint_every and not last:
+          save(done)
+        ckpt.close()
+        writer.info(f"preempted: saved step {done} in {ckpt.directory}; run the same command to resume")
+        writer.close()
+        return state
   ckpt.close()
   writer.close()
   return state

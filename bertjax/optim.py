@@ -1,7 +1,8 @@
 """Optimizers: AdamW or ALBERT's LAMB, the reference schedules, decay mask, clipping.
 
 `make(optimizer_config, schedule(kind, peak, warmup, total))` is the one factory: pretraining passes its
-config's `optimizer` section and `pretraining_schedule(config)`, fine-tuning its own section and step counts.
+config's `optimizer` section and `config.lr_schedule(config)` (phases included), fine-tuning its own section
+and step counts.
 
 Schedules (`optimizer.schedule`), t the step (0-based, the step the rate is used for), w warmup, T total:
   linear   BERT / ALBERT `optimization.py`: peak * t / w while t < w, then peak * (1 - t / T)
@@ -10,6 +11,8 @@ Schedules (`optimizer.schedule`), t the step (0-based, the step the rate is used
   cosine   peak * t / w, then peak * (1 + cos(pi * (t - w) / (T - w))) / 2.
   linear_after_warmup  fairseq's polynomial_decay (RoBERTa) and transformers' get_linear_schedule_with_warmup:
            peak * t / w, then peak * (T - t) / (T - w) (the decay spans only the steps after warmup).
+  poly_sqrt  NVIDIA DeepLearningExamples BERT `schedulers.py` PolyWarmUpScheduler (degree 0.5; their LAMB
+           recipe): peak * t / w while t < w, then peak * (1 - t / T) ** 0.5 (decay over the whole run).
 
 AdamW is optax's (bias-corrected, as transformers' and torch's AdamW; the TF references skip the bias
 correction). LAMB is google-research/albert `lamb_optimizer.py`: Adam moments *without* bias correction,
@@ -28,7 +31,7 @@ import optax
 from bertjax.model.encoder import is_stacked
 
 _NO_DECAY = ("bias", "scale")  # LayerNorm scale/bias and every bias: BERT's ["LayerNorm", "layer_norm", "bias"]
-SCHEDULES = ("linear", "linear_after_warmup", "electra", "cosine")
+SCHEDULES = ("linear", "linear_after_warmup", "electra", "cosine", "poly_sqrt")
 
 
 def schedule(kind: str, peak: float, warmup: int, total: int) -> optax.Schedule:
@@ -38,6 +41,8 @@ def schedule(kind: str, peak: float, warmup: int, total: int) -> optax.Schedule:
   if kind == "linear_after_warmup":
     return optax.join_schedules(
         [optax.linear_schedule(0.0, peak, warmup), optax.linear_schedule(peak, 0.0, total - warmup)], [warmup])
+  if kind == "poly_sqrt":
+    return lambda t: peak * jnp.where(t < warmup, t / max(warmup, 1), jnp.sqrt(jnp.maximum(0.0, 1 - t / total)))
   if kind == "electra":
     decay = optax.polynomial_schedule(peak, 0.0, 1.0, total)
     return lambda t: decay(t) * (jnp.minimum(1.0, t / warmup) if warmup else 1.0)
@@ -119,9 +124,3 @@ def make(o, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformati
   else:
     opt = optax.adamw(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask)
   return optax.chain(optax.clip_by_global_norm(o.clip_norm), opt) if o.clip_norm else opt
-
-
-def pretraining_schedule(config) -> optax.Schedule:
-  """A pretraining config's schedule: optimizer.schedule from 0 to learning_rate over warmup_steps, down
-  to 0 at total_steps."""
-  return schedule(config.optimizer.schedule, config.learning_rate, config.warmup_steps, config.total_steps)

@@ -33,16 +33,34 @@ def table(params, depth: int = 2) -> list:
   return list(rows.items())
 
 
+def recipe(config, model) -> list:
+  """The training recipe's lines: each phase's steps x batch x seq_len, masking budget, tokens and FLOPs per
+  token, its learning rate, and the run's totals."""
+  plan, lines, total = config_lib.phases(config), [], 0
+  for phase in plan:
+    c = phase.config
+    tokens = phase.steps * c.batch_size * c.seq_len
+    total += tokens
+    fpt = flops.train_flops_per_token(model.cfg, c.seq_len, config_lib.max_predictions(c), model.generator,
+                                      model.sentence_head)
+    lr = (f"lr {phase.learning_rate:g} restarted ({config.optimizer.schedule}, warmup "
+          f"{round(phase.warmup_fraction * phase.steps):,})" if phase.learning_rate else
+          f"lr {config.learning_rate:g} ({config.optimizer.schedule}, warmup {config_lib.warmup_steps(config):,} of the "
+          "run)")
+    lines.append(f"phase {phase.index + 1}: {phase.steps:,} steps x batch {c.batch_size:,} x seq_len {c.seq_len}, "
+                 f"max_predictions {config_lib.max_predictions(c)}: {tokens:,} tokens, {fpt:,.0f} train FLOPs/token; {lr}")
+  lines.append(f"recipe: {len(plan)} phase{'s' if len(plan) > 1 else ''}, {config.total_steps:,} steps, {total:,} tokens")
+  return lines
+
+
 def summarize(config) -> str:
   """The summary text of a config (what the CLI prints)."""
   config_lib.validate(config)
   model, params = build.make_model(config), build.param_shapes(config)
-  predictions = config_lib.max_predictions(config)
   lines = [f"{'module':<48} {'params':>14}", "-" * 63]
   lines += [f"{name:<48} {n:>14,}" for name, n in table(params)]
   lines.append("-" * 63)
-  fpt = flops.train_flops_per_token(model.cfg, config.seq_len, predictions, model.generator, model.sentence_head)
-  lines.append(f"train FLOPs per token: {fpt:,.0f} (seq_len {config.seq_len}, {predictions} MLM predictions)")
+  lines += recipe(config, model)
   if model.generator is not None:
     pick = lambda names: {k: v for k, v in params.items() if k in names}
     lines.append(f"generator params: {count(pick(GENERATOR))}")

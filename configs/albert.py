@@ -30,6 +30,9 @@ def get_config(arg: str = "base"):
   c.total_steps, c.warmup_steps, c.learning_rate = 125_000, 3125, 0.00176
   # Data and masking: SOP pairs, n-gram masking of whole words.
   c.masking.scheme, c.masking.max_ngram = "ngram", 3
+  # At most 20 predictions per 512-token example (~4%; google-research/albert README and run_pretraining.py
+  # max_predictions_per_seq=20), not ceil(512 x 0.15) = 77.
+  c.masking.max_predictions = 20
   # Model: factorized embeddings, all layers share one set of parameters.
   c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = SIZES[arg]
   c.model.vocab_size, c.model.embedding_size = 30000, 128
@@ -46,6 +49,7 @@ def get_config(arg: str = "base"):
 
   if arg == "tiny":
     tiny_on_demo(c)
+    c.masking.max_predictions = 0  # derived: the tiny runs keep BERT's 15% budget
     c.model.embedding_size = 64
     # LAMB scales each update to lr x the weight's norm; 0.02-std weights have small norms, so a short
     # run needs a far larger rate than ALBERT's 0.00176. Re-tuned after LAMB became ALBERT's (no bias

@@ -32,6 +32,8 @@ def get_config(arg: str = "small"):
   c.total_steps, c.warmup_steps, c.learning_rate = steps, 10_000, lr
   # Masking: ELECTRA replaces 85% of the chosen tokens by [MASK] and keeps 15%; no random tokens.
   c.masking.mask_prob, c.masking.mask_token_prob, c.masking.random_token_prob = rate, 0.85, 0.0
+  # google-research/electra configure_pretraining.py: max_predictions_per_seq = int((mask_prob + 0.005) * seq).
+  c.masking.max_predictions = int((rate + 0.005) * seq)
   # Model: discriminator sizes; the generator is `generator_fraction` as wide (same depth).
   c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = layers, hidden, heads, ffn
   c.model.vocab_size, c.model.embedding_size = 30522, emb

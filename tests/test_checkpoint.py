@@ -2,6 +2,7 @@
 the manifest, init_from, and refusing another config's workdir."""
 
 import os
+import shutil
 import signal
 import time
 
@@ -14,7 +15,6 @@ from bertjax import checkpoint, loop
 from bertjax.errors import UserError
 from conftest import micro, read_metrics, train_cli
 
-RUN = ("--config.total_steps=40", "--config.checkpoint_every=20", "--config.log_every=10", "--config.eval_every=40")
 
 
 def _params(workdir, step):
@@ -31,21 +31,33 @@ def _wait_for(path, proc, timeout=600):
     time.sleep(0.2)
 
 
-def test_sigkill_after_step_20_then_rerun_equals_uninterrupted_run(tmp_path):
-  whole, cut = tmp_path / "whole", tmp_path / "cut"
-  assert train_cli(whole, *RUN).returncode == 0
-  proc = train_cli(cut, *RUN, wait=False)
+# configs/bert.py:tiny_two_phase shrunk: steps 0-10 at seq_len 64, 10-40 at 128, a save every 10 steps (all kept).
+PHASED = ("--config.total_steps=40", "--config.checkpoint_every=10", "--config.keep_checkpoints=4",
+          "--config.log_every=10", "--config.eval_every=40", "--config.phases[0].fraction=0.25",
+          "--config.phases[1].fraction=0.75")
+
+
+def test_sigkill_in_phase_2_or_resuming_at_the_boundary_equals_the_uninterrupted_run(tmp_path):
+  whole, cut, boundary = tmp_path / "whole", tmp_path / "cut", tmp_path / "boundary"
+  run = lambda workdir, **kw: train_cli(workdir, *PHASED, spec="configs/bert.py:tiny_two_phase", **kw)
+  assert run(whole).returncode == 0
+  assert {r["step"]: (r["phase"], r["seq_len"]) for r in read_metrics(whole) if "seq_len" in r} == {
+      10: (1, 64), 20: (2, 128), 30: (2, 128), 40: (2, 128)}
+  proc = run(cut, wait=False)
   _wait_for(cut / "checkpoints" / "20", proc)  # orbax renames the finished save to its step number
   proc.send_signal(signal.SIGKILL)
   proc.wait()
-  rerun = train_cli(cut, *RUN)
-  assert rerun.returncode == 0, rerun.stderr[-3000:]
-  assert "resumed from" in rerun.stdout and "at step 2" in rerun.stdout  # from 20 (or a later save)
+  shutil.copytree(whole, boundary)  # the uninterrupted run's workdir with only the save at the boundary left
+  for step in (20, 30, 40):
+    shutil.rmtree(boundary / "checkpoints" / str(step))
   loss40 = lambda d: [r["train/loss"] for r in read_metrics(d) if r["step"] == 40 and "train/loss" in r][-1]
-  assert loss40(cut) == loss40(whole)
-  a, b = _params(whole, 40), _params(cut, 40)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_array_equal(x, y)  # bit-identical
+  for workdir, resumed in ((cut, ("at step 20", "at step 30")), (boundary, ("at step 10",))):
+    rerun = run(workdir)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "resumed from" in rerun.stdout and any(r in rerun.stdout for r in resumed), rerun.stdout[-2000:]
+    assert loss40(workdir) == loss40(whole)
+    for x, y in zip(jax.tree.leaves(_params(whole, 40)), jax.tree.leaves(_params(workdir, 40))):
+      np.testing.assert_array_equal(x, y)  # bit-identical
 
 
 def test_sigterm_saves_the_current_step_and_exits_0(tmp_path):

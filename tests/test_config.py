@@ -19,8 +19,16 @@ BAD = [
     ({"objectives.rtd": 50.0}, "needs a generator"),
     ({"objectives.mlm": 0.0, "objectives.nsp": 0.0}, "no objective"),
     ({"optimizer.name": "sgd"}, "optimizer.name"),
-    ({"batch_size": 30, "grad_accum_steps": 4}, "not divisible by grad_accum_steps"),
-    ({"warmup_steps": 10, "total_steps": 5}, "warmup_steps"),
+    ({"batch_size": 30, "grad_accum_steps": 4}, "not a positive multiple of grad_accum_steps=4"),
+    ({"warmup_steps": 10, "total_steps": 5}, "warmup_steps=10 exceeds total_steps=5"),
+    ({"masking.max_predictions": 129}, "masking.max_predictions=129 must be between 1 and seq_len=128"),
+    ({"masking.max_predictions": -1}, "masking.max_predictions=-1"),
+    ({"phases": (config_lib.phase(0.5), config_lib.phase(0.4))}, "add up to 0.9"),
+    ({"phases": (config_lib.phase(0.5), config_lib.phase(0.5, seq_len=1024))}, "phases.1..seq_len=1024 exceeds"),
+    ({"phases": (config_lib.phase(0.5), config_lib.phase(0.5, seq_len=64, max_predictions=65))},
+     "phases.1..max_predictions=65 must be between 1 and seq_len=64"),
+    ({"phases": (config_lib.phase(0.9999), config_lib.phase(0.0001))}, "phase 2 has no steps"),
+    ({"phases": ({"fraction": 1.0, "seq_len": 64},)}, "make each phase with bertjax.config.phase"),
 ]
 
 
@@ -42,7 +50,8 @@ def test_invalid_configs_are_refused_with_the_fix(overrides, message):
 
 
 @pytest.mark.parametrize("spec", ["configs/bert.py:tiny", "configs/bert.py:base", "configs/albert.py:xxlarge",
-                                  "configs/electra.py:large", "configs/roberta.py:base"])
+                                  "configs/electra.py:large", "configs/roberta.py:base", "configs/bert.py:large_lamb",
+                                  "configs/bert.py:tiny_two_phase"])
 def test_shipped_configs_are_valid(spec):
   config_lib.validate(load_config(spec))
 

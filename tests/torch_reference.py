@@ -19,6 +19,8 @@ SCHEDULES = {
     "linear_after_warmup": lambda t, w, T: t / w if t < w else (T - t) / (T - w),
     # google-research/electra model/optimization.py: the decay times min(1, t / w).
     "electra": lambda t, w, T: (1 - t / T) * min(1.0, t / w),
+    # NVIDIA DeepLearningExamples BERT schedulers.py PolyWarmUpScheduler, degree 0.5 (their LAMB recipe).
+    "poly_sqrt": lambda t, w, T: t / w if t < w else (1 - t / T) ** 0.5,
 }
 # HF classes of the pretraining network per bertjax family (ELECTRA: the discriminator; its generator is
 # ElectraForMaskedLM).
