@@ -21,6 +21,8 @@ BAD = [
     ({"optimizer.name": "sgd"}, "optimizer.name"),
     ({"batch_size": 30, "grad_accum_steps": 4}, "not divisible by grad_accum_steps"),
     ({"warmup_steps": 10, "total_steps": 5}, "warmup_steps"),
+    ({"data.format": "electra2"}, "use auto, electra, single"),
+    ({"data.format": "electra", "objectives.nsp": 0.0, "model.type_vocab_size": 1}, "type_vocab_size=2"),
 ]
 
 
