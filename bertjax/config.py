@@ -12,6 +12,7 @@ import ml_collections
 import optax
 
 from bertjax import masking, optim
+from bertjax.data import instances
 from bertjax.errors import UserError
 from bertjax.model.encoder import REMAT_POLICIES, SHARING_MODES, EncoderConfig
 
@@ -42,14 +43,14 @@ def defaults() -> ml_collections.ConfigDict:
       source="demo",  # demo | text:GLOB | tfds:NAME[:SPLIT] | shards:DIR (written by python -m bertjax.prepare)
       tokenizer="",  # spm:PATH | wordpiece:PATH[:cased]; empty: train SentencePiece on the source (shards: theirs)
       split_paragraphs=False,  # text: split each line into sentences (a paragraph per line)
-      format="auto",  # instances: auto (nsp/sop from the objectives, else single) | single | full_sentences | packed
+      format="auto",  # auto (nsp/sop from the objectives, else single) | electra | single | full_sentences | packed
       tokenizer_model="unigram",  # SentencePiece trained on the source: unigram | bpe
       tokenizer_sentences=1_000_000,  # sentences sampled to train it (SentencePiece holds them in memory)
       tokenizer_max_sentence_length=4192,  # longer sentences (UTF-8 bytes) are left out of that sample
       tfds_text_key="text",  # tfds: the feature holding the document's text
       tfds_data_dir="",  # tfds: data_dir (e.g. gs://tfds-data/datasets); empty: tfds's default
       eval_fraction=0.1,  # documents held out for eval
-      short_seq_prob=0.1,  # BERT: share of pair instances with a shorter random target length
+      short_seq_prob=0.1,  # BERT: share of pair instances with a shorter random target length (electra: 0.05)
       dupe_factor=5,  # passes over the corpus with different pairings
       cache_dir="",  # where sources other than shards: are prepared once; empty: $BERTJAX_CACHE or ~/.cache/bertjax
       prepare_workers=0,  # processes preparing a source into the cache (0: in this one; big corpora: bertjax.prepare)
@@ -260,9 +261,11 @@ def validate(config):
          f"masking.max_predictions={config.masking.max_predictions}; use >= 1, or 0 for ceil(seq_len x mask_prob)")
   _validate_phases(config)
   _check(0 < config.data.eval_fraction < 1, f"data.eval_fraction={config.data.eval_fraction} must be in (0, 1)")
-  _check(config.data.format in ("auto", "nsp", "sop", "single", "full_sentences", "packed"),
-         f"data.format={config.data.format!r}; use auto, single, full_sentences or packed "
+  _check(config.data.format in ("auto",) + instances.FORMATS,
+         f"data.format={config.data.format!r}; use auto, electra, single, full_sentences or packed "
          "(nsp and sop follow the objectives)")
+  _check(m.type_vocab_size >= 2 or config.data.format != "electra",
+         "data.format=electra makes segment-B tokens (type id 1); set --config.model.type_vocab_size=2")
   _check(config.data.tokenizer_model in ("unigram", "bpe"),
          f"data.tokenizer_model={config.data.tokenizer_model!r}; use unigram or bpe")
   for key in ("log_every", "eval_every", "checkpoint_every", "total_steps", "batch_size", "max_nonfinite_steps"):

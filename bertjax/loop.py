@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from bertjax import build, checkpoint, config as config_lib, flops, runtime, sharding
-from bertjax.data import pipeline
+from bertjax.data import instances, pipeline
 from bertjax.errors import UserError
 from bertjax.metrics import MetricWriter, finalize, sum_metrics
 from bertjax.model.pretrain import Pretrainer
@@ -98,6 +98,8 @@ def describe_data(data: pipeline.Dataset) -> str:
   line = (f"data: {src.documents} documents, {src.sentences} sentences; {data.stats['format']} instances: "
           f"train {train.instances} (label-1 share {train.label_balance:.3f}), eval {ev.instances}; "
           f"documents too short for a pair {train.too_short_documents}; tokenizer {data.tokenizer.spec()}")
+  if data.stats["format"] == "electra":
+    line += "; train " + instances.describe_electra(train)
   if src.invalid_lines:
     line += f"; {src.invalid_lines} lines of invalid UTF-8 skipped"
   return line

@@ -4,6 +4,7 @@ learns replaced-token detection; loss = generator MLM + 50 x discriminator BCE o
 Recipe (paper Table 6): small: batch 128, lr 5e-4, 1M steps, seq 128, generator 1/4; base: batch 256,
 lr 2e-4, 766k steps, seq 512, generator 1/3; large: batch 2048, lr 2e-4, 400k steps, seq 512,
 generator 1/4, 25% masking. Masked tokens: 85% [MASK], 15% kept, none random. Shared embeddings.
+Data as google-research/electra's build_pretraining_dataset.py makes it: data.format=electra.
 
   python -m bertjax.train --config=configs/electra.py:small --workdir=gs://BUCKET/electra-small
   python -m bertjax.train --config=configs/electra.py:tiny --workdir=/tmp/electra-tiny
@@ -30,6 +31,12 @@ def get_config(arg: str = "small"):
   # Run.
   c.batch_size, c.seq_len = batch, seq
   c.total_steps, c.warmup_steps, c.learning_rate = steps, 10_000, lr
+  # Data: ELECTRA's examples (google-research/electra build_pretraining_dataset.py, ExampleBuilder): whole
+  # sentences up to seq_len, 90% split into segments A and B (type ids 0 and 1) though there is no sentence
+  # objective, 10% one segment; the next example's target is random in [5, seq_len] with probability 0.05
+  # (`random.random() < 0.05` there); one pass over the corpus (its script has no dupe factor; masking is
+  # dynamic, so each epoch masks the rows anew).
+  c.data.format, c.data.short_seq_prob, c.data.dupe_factor = "electra", 0.05, 1
   # Masking: ELECTRA replaces 85% of the chosen tokens by [MASK] and keeps 15%; no random tokens.
   c.masking.mask_prob, c.masking.mask_token_prob, c.masking.random_token_prob = rate, 0.85, 0.0
   # google-research/electra configure_pretraining.py: max_predictions_per_seq = int((mask_prob + 0.005) * seq).

@@ -29,6 +29,8 @@ BAD = [
      "phases.1..max_predictions=65 must be between 1 and seq_len=64"),
     ({"phases": (config_lib.phase(0.9999), config_lib.phase(0.0001))}, "phase 2 has no steps"),
     ({"phases": ({"fraction": 1.0, "seq_len": 64},)}, "make each phase with bertjax.config.phase"),
+    ({"data.format": "electra2"}, "use auto, electra, single"),
+    ({"data.format": "electra", "objectives.nsp": 0.0, "model.type_vocab_size": 1}, "type_vocab_size=2"),
 ]
 
 

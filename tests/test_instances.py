@@ -1,9 +1,11 @@
-"""NSP/SOP instances: label balance, where segments come from, never NSP for SOP, counts of short documents."""
+"""NSP/SOP instances: label balance, where segments come from, never NSP for SOP, counts of short documents;
+ELECTRA's examples: the split rule, and its statistics on a real corpus."""
 
 import numpy as np
+import pytest
 
-from bertjax.data import instances
-from bertjax.data.tokenizer import SpecialIds
+from bertjax.data import instances, sources
+from bertjax.data.tokenizer import SpecialIds, train_sentencepiece
 
 SPECIAL = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
 DOC_SPAN = 10_000  # document d's tokens are d*DOC_SPAN + position: the origin of every token is known
@@ -88,3 +90,90 @@ def test_single_segments_stay_in_one_document():
   for row in _rows(arrays):
     a, b = _segments(row)
     assert len(b) == 0 and len(set((a - 100) // DOC_SPAN)) == 1
+
+
+# ------------------------------------------------------------------ electra (google-research/electra's ExampleBuilder)
+
+class _Scripted:
+  """An rng whose random() gives `values` in order, and fails if asked for more: pins every draw."""
+
+  def __init__(self, values):
+    self.values = list(values)
+
+  def random(self):
+    return self.values.pop(0)
+
+
+def _sentences(*lengths):
+  ids = np.arange(100, 100 + sum(lengths), dtype=np.int32)
+  cuts = np.cumsum((0,) + lengths)
+  return [(ids[i:j], np.ones(j - i, bool)) for i, j in zip(cuts[:-1], cuts[1:])]
+
+
+def _ids(segment):
+  return None if segment is None else segment[0].tolist()
+
+
+def test_electra_segments_follow_the_reference_rule():
+  split = instances._electra_segments
+  four = _sentences(10, 10, 10, 10)  # target 46: A's half is (46 - 3) // 2 = 21
+  a, b, drawn = split(four, 46, 128, _Scripted([0.5, 0.9]))  # a pair; the coin of the sentence crossing 21: B
+  assert not drawn and (len(a[0]), len(b[0])) == (20, 20)
+  a, b, _ = split(four, 46, 128, _Scripted([0.5, 0.1]))  # coin: A, which is then over half: no more coins
+  assert (len(a[0]), len(b[0])) == (30, 10)
+  a, b, _ = split(_sentences(15, 10, 3), 46, 128, _Scripted([0.5, 0.9]))  # a short sentence after B began
+  assert _ids(a) == list(range(100, 115)) + list(range(125, 128)) and _ids(b) == list(range(115, 125))
+  a, b, drawn = split(four, 46, 128, _Scripted([0.05]))  # the 10% draw: one segment, no coin
+  assert drawn and b is None and _ids(a) == list(range(100, 140))
+  a, b, _ = split(_sentences(20, 60), 64, 64, _Scripted([0.5, 0.9]))  # B cut to 64 - 20 - 3 tokens
+  assert (len(a[0]), len(b[0])) == (20, 41)
+  a, b, _ = split(_sentences(70, 40), 64, 64, _Scripted([0.5]))  # A cut to 62 leaves B nothing
+  assert len(a[0]) == 62 and b is None
+
+
+def test_electra_short_targets_shorten_the_examples_and_rows_stay_in_one_document():
+  docs = _docs(n_docs=20, min_sents=20, max_sents=30)
+  full, full_stats = instances.make_instances(docs, "electra", 128, SPECIAL, short_seq_prob=0.0, seed=0)
+  short, short_stats = instances.make_instances(docs, "electra", 128, SPECIAL, short_seq_prob=1.0, seed=0)
+  assert full_stats.short_targets == 0 and short_stats.short_targets == short_stats.instances - 1  # all but the first
+  # Targets uniform in [5, 128] fill rows about half as much as targets of 128.
+  assert short["groups"].sum(1).mean() < 0.7 * full["groups"].sum(1).mean()
+  for row in _rows(full):
+    a, b = _segments(row)
+    assert len(set((np.concatenate([a, b]) - 100) // DOC_SPAN)) == 1
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+  """The demo corpus (Python's topic docs) tokenized by a SentencePiece model trained on it (~1 s)."""
+  docs = list(sources.documents("demo", sources.SourceStats()))
+  prefix = str(tmp_path_factory.mktemp("spm") / "demo")
+  tok = train_sentencepiece([s for d in docs for s in d], prefix, 2000, num_threads=1)
+  encoded = [[e for e in map(tok.encode, d) if len(e[0])] for d in docs]
+  return [d for d in encoded if d], tok.special
+
+
+def test_electra_statistics_on_the_demo_corpus(demo):
+  docs, special = demo
+  seq = 128
+  arrays, stats = instances.make_instances(docs, "electra", seq, special, short_seq_prob=0.05, dupe_factor=4, seed=0)
+  n = stats.instances
+  assert n == stats.examples == len(arrays["input_ids"]) > 3000, n
+  # The two draws per example are Bernoulli: their counts stay within 4 binomial sigmas of n * p.
+  for count, p in ((stats.one_segment_drawn, instances.ELECTRA_ONE_SEGMENT_PROB), (stats.short_targets, 0.05)):
+    assert abs(count / n - p) < 4 * np.sqrt(p * (1 - p) / n), (count, n, p)
+  ids, types, real = arrays["input_ids"], arrays["type_ids"], arrays["groups"] > 0
+  length = real.sum(1)
+  assert (real == (np.arange(seq) < length[:, None])).all() and (length <= seq).all()
+  assert (ids[:, 0] == special.cls).all() and (ids[np.arange(n), length - 1] == special.sep).all()
+  pair = (types == 1).any(1)
+  # One-segment rows: the drawn ones, plus those of one sentence or with nothing left for B.
+  assert (~pair).sum() == stats.one_segment >= stats.one_segment_drawn
+  assert ((ids == special.sep).sum(1) == np.where(pair, 2, 1)).all()
+  first_sep = (ids == special.sep).argmax(1)
+  assert (types == ((np.arange(seq) > first_sep[:, None]) & real)).all(), "type 0 through A's [SEP], 1 after"
+  n_a, n_b = first_sep - 1, length - first_sep - 2
+  assert (n_a > 0).all() and (n_b[pair] > 0).all()
+  # A is targeted at half the example (give or take the crossing sentence): about half of each pair.
+  share_a = (n_a / (n_a + n_b))[pair]
+  assert 0.45 < share_a.mean() < 0.6, share_a.mean()

@@ -156,6 +156,18 @@ def test_shards_hold_the_counted_rows_and_the_held_out_documents(prepared, corpu
   assert os.path.exists(os.path.join(directory, "tokenizer.model"))
 
 
+def test_electra_shards_count_their_one_segment_rows_and_eval_has_no_short_targets(prepared):
+  directory = prepared["configs/electra.py:tiny"]
+  meta = shards.read_metadata(directory)
+  assert meta["format"] == "electra"
+  for split in ("train", "eval"):
+    rows = shards.open_split(directory, meta, split)
+    pair = (rows.take(np.arange(len(rows)))["type_ids"] == 1).any(1)
+    counts = meta["counts"][split]
+    assert (~pair).sum() == counts["one_segment"] >= counts["one_segment_drawn"] and pair.sum() > 0
+  assert meta["counts"]["eval"]["short_targets"] == 0 < meta["counts"]["train"]["short_targets"]
+
+
 @pytest.mark.parametrize("spec", CONFIGS)
 def test_a_corpus_and_shards_prepared_from_it_give_the_same_batches(prepared, corpus, spec):
   """One road: naming the text corpus prepares it into the cache with prepare's code, so (seed, step)
@@ -195,7 +207,7 @@ def test_the_cache_is_reused_and_keyed_by_every_setting_that_changes_the_rows(co
   key = pipeline.shards_key(base, source, first.tokenizer.fingerprint)
   for override in ({"seed": 1}, {"seq_len": 32}, {"data.dupe_factor": 2}, {"data.short_seq_prob": 0.2},
                    {"data.eval_fraction": 0.2}, {"data.split_paragraphs": False}, {"data.format": "packed"},
-                   {"objectives.sop": 1.0}):
+                   {"data.format": "single"}, {"objectives.sop": 1.0, "data.format": "auto"}):
     changed = _config("configs/electra.py:tiny", corpus, **override)
     assert pipeline.shards_key(changed, source, first.tokenizer.fingerprint) != key, override
   assert pipeline.shards_key(base, source, "another tokenizer") != key
@@ -336,7 +348,8 @@ def test_cli_prints_the_summary_and_refuses_to_overwrite(corpus, tmp_path):
          f"--out={tmp_path}"]
   done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr
-  assert "single rows of seq_len 64" in done.stdout and "tokens/s" in done.stdout
+  assert "electra rows of seq_len 64" in done.stdout and "tokens/s" in done.stdout
+  assert "one-segment share" in done.stdout
   assert "documents too short for a pair" in done.stdout
   again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert again.returncode == 2 and again.stderr.startswith("error: ") and "--overwrite" in again.stderr

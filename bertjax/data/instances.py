@@ -1,4 +1,4 @@
-"""Training instances from tokenized documents: NSP/SOP pairs, single segments, packed rows; fixed length.
+"""Training instances from tokenized documents: NSP/SOP pairs, ELECTRA's examples, single segments, packed rows.
 
 A tokenized document is a list of sentences, each a pair of arrays (ids, word_start). Pair creation
 follows google-research/bert's `create_instances_from_document` (target length with `short_seq_prob`,
@@ -11,6 +11,19 @@ Two formats without a sentence objective pack more text into each row:
   up to seq_len, with an extra [SEP] where one document ends and the next begins; one attention group.
 - `packed`: runs of whole sentences of one document (as `single` makes them), several to a row, each
   with its own group id (attention stays inside it) and positions restarting at 0 (`position_ids`).
+
+`electra` follows google-research/electra's `build_pretraining_dataset.py` (`ExampleBuilder`), so that the
+segment-1 embedding is trained as in the published models though there is no sentence objective: the
+sentences of a document accumulate until they reach the target length (seq_len, or with probability
+`short_seq_prob`, 0.05 in ELECTRA's code, a length drawn from [5, seq_len] for the next example); the
+example is one segment with probability 0.1, else sentences go to segment A while it stays under half
+the target ((target - 3) // 2; the sentence that would cross it with probability 1/2, while B is empty)
+and the others to B (a short sentence after B began can still join A: ELECTRA's rule, kept); A is cut
+to seq_len - 2 tokens, B to what is left after A's and the three special tokens, and a B cut to nothing
+leaves a one-segment example. The target length carries over from one document to the next, as in
+ELECTRA's stream. Deliberate differences: the draws come from the pass's seeded rng (no global
+`random`), data.dupe_factor passes are possible (ELECTRA's code makes one; configs/electra.py sets 1),
+and the eval split gets no short targets (short_seq_prob 0, as for the BERT formats).
 """
 
 import dataclasses
@@ -20,9 +33,12 @@ import numpy as np
 
 from bertjax.data.tokenizer import SpecialIds
 
-FORMATS = ("nsp", "sop", "single", "full_sentences", "packed")
+FORMATS = ("nsp", "sop", "electra", "single", "full_sentences", "packed")
 PAIR_FORMATS = ("nsp", "sop")
 _PACKING_BINS = 8  # open rows the `packed` format fills first-fit before the oldest is written out
+# google-research/electra build_pretraining_dataset.py, ExampleBuilder._create_example:
+ELECTRA_ONE_SEGMENT_PROB = 0.1  # "small chance to only have one segment as in classification tasks"
+ELECTRA_MIN_TARGET = 5  # a short target is random.randint(5, max_length)
 
 
 @dataclasses.dataclass
@@ -33,10 +49,21 @@ class InstanceStats:
   unpaired_chunks: int = 0  # chunks of one sentence, skipped by SOP
   examples: int = 0  # examples inside the rows (more than `instances` for the packed format)
   tokens: int = 0  # real (non-padding) tokens in the rows, special tokens included
+  one_segment: int = 0  # electra: examples without a B segment (drawn so, or nothing left for B)
+  one_segment_drawn: int = 0  # electra: of those, the ones the 10% draw made single
+  short_targets: int = 0  # electra: examples accumulated to a random shorter target length
 
   @property
   def label_balance(self) -> float:
     return self.positive / max(self.instances, 1)
+
+
+def describe_electra(stats: InstanceStats) -> str:
+  """The shares that show the electra format at work: one-segment examples (10% drawn, plus those with
+  nothing left for B) and examples of a short target (short_seq_prob)."""
+  n = max(stats.instances, 1)
+  return (f"one-segment share {stats.one_segment / n:.3f} ({stats.one_segment_drawn / n:.3f} drawn), "
+          f"short-target share {stats.short_targets / n:.3f}")
 
 
 def _concat(segments):
@@ -124,6 +151,52 @@ def single_instances(docs, doc_index, max_tokens, rng, stats):
     stats.instances += 1
     ids, ws = _concat(chunk)
     yield (ids, ws), None, 0
+
+
+def _electra_segments(sentences, target, max_tokens, rng):
+  """ELECTRA's (A, B, drawn_single) from one example's sentences; see the module docstring for the rule.
+
+  B is None when it is empty. The draws happen in ELECTRA's order (one-segment draw, then one coin per
+  sentence that would take A over its half), so the same seed gives its choices for the same stream.
+  """
+  drawn_single = rng.random() < ELECTRA_ONE_SEGMENT_PROB
+  half = float("inf") if drawn_single else (target - 3) // 2
+  a, b, n_a, n_b = [], [], 0, 0
+  for s in sentences:
+    n = len(s[0])
+    if not n_a or n_a + n < half or (not n_b and n_a < half and rng.random() < 0.5):
+      a.append(s)
+      n_a += n
+    else:
+      b.append(s)
+      n_b += n
+  a = [x[:max_tokens - 2] for x in _concat(a)]
+  b = [x[:max(0, max_tokens - len(a[0]) - 3)] for x in _concat(b)]
+  return tuple(a), (tuple(b) if len(b[0]) else None), drawn_single
+
+
+def electra_instances(docs, max_tokens, short_seq_prob, rng, stats):
+  """Yields (a, b or None, 0) examples of all `docs` in order, ELECTRA's way (module docstring).
+
+  One generator for the whole pass, not one per document: the target length drawn after a document's
+  last example is the next document's first, as in ELECTRA's stream of lines. max_tokens is seq_len.
+  """
+  target, short = max_tokens, False
+  for doc in docs:
+    chunk, length = [], 0
+    for i, s in enumerate(doc):
+      chunk.append(s)
+      length += len(s[0])
+      if length >= target or i == len(doc) - 1:
+        a, b, drawn_single = _electra_segments(chunk, target, max_tokens, rng)
+        stats.instances += 1
+        stats.one_segment += b is None
+        stats.one_segment_drawn += drawn_single
+        stats.short_targets += short
+        yield a, b, 0
+        short = rng.random() < short_seq_prob
+        target = rng.randint(ELECTRA_MIN_TARGET, max_tokens) if short else max_tokens
+        chunk, length = [], 0
 
 
 class _RowBuffer:
@@ -248,6 +321,10 @@ def _write_pass(rows: _RowBuffer, docs, fmt, seq_len, short_seq_prob, rng, stats
     examples = (a for d in range(len(docs)) for a, _, _ in single_instances(docs, d, seq_len - 2, rng, single))
     for examples_of_row in packed_rows(examples, seq_len, stats):
       rows.add_packed(examples_of_row)
+  elif fmt == "electra":
+    for a, b, label in electra_instances(docs, seq_len, short_seq_prob, rng, stats):
+      stats.examples += 1
+      rows.add_pair(a, b, label)
   else:
     for d in range(len(docs)):
       if fmt == "single":
@@ -273,7 +350,7 @@ def make_instances(docs, fmt, seq_len, special, *, short_seq_prob=0.1, dupe_fact
   if fmt == "nsp" and len(docs) < 2:
     return None, stats
   rows = _RowBuffer(seq_len, special, positions=fmt == "packed")
-  for dupe in range(dupe_factor if fmt in ("nsp", "sop", "single") else 1):
+  for dupe in range(dupe_factor if fmt in ("nsp", "sop", "electra", "single") else 1):
     rng = random.Random(seed * 1000003 + dupe)
     _write_pass(rows, docs, fmt, seq_len, short_seq_prob, rng, stats)
     if dupe == 0:

@@ -391,4 +391,6 @@ def summary(meta: dict, directory: str) -> str:
   ]
   if meta["format"] == "packed":
     lines[2] += f"; {train['examples'] + ev['examples']:,} examples packed"
+  if meta["format"] == "electra":
+    lines[2] += "; train " + instances.describe_electra(instances.InstanceStats(**train))
   return "\n".join(lines)
