@@ -188,8 +188,9 @@ def _define_flags():
   as_json = flags.DEFINE_bool("json", False, "print one JSON object instead of the table")
   unrolled = flags.DEFINE_bool("unrolled_estimate", True, "XLA's FLOPs and step-time estimate for a model whose "
                                "layers run as a rolled scan (XLA costs a loop body once): from two shallow unrolled compiles")
+  phase = flags.DEFINE_integer("phase", 1, "the training phase whose shapes to compile (configs with phases)")
   flags.mark_flags_as_required(["config"])
-  return config, topology, as_json, unrolled
+  return config, topology, as_json, unrolled, phase
 
 
 @cli
@@ -203,8 +204,11 @@ def main(argv):
 
   jax.config.update("jax_platforms", "cpu")
   runtime.setup()
-  config, topology, as_json, unrolled = _FLAGS
-  report = compile_for(config.value, parse_topology(topology.value), unrolled.value)
+  from bertjax import config as config_lib
+
+  config, topology, as_json, unrolled, phase = _FLAGS
+  report = compile_for(config_lib.phase_config(config.value, phase.value), parse_topology(topology.value),
+                       unrolled.value)
   print(json.dumps(report) if as_json.value else format_report(report))
 
 

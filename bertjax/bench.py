@@ -198,16 +198,18 @@ def _define_flags():
   batch = flags.DEFINE_integer("batch_size", 0, "global batch size (0: the config's)")
   steps = flags.DEFINE_integer("steps", 10, "timed steps (the median is reported)")
   warmup = flags.DEFINE_integer("warmup", 2, "untimed steps after compilation")
+  phase = flags.DEFINE_integer("phase", 1, "the training phase whose shapes to time (configs with phases)")
   flags.mark_flags_as_required(["config"])
-  return config, batch, steps, warmup
+  return config, batch, steps, warmup, phase
 
 
 @cli
 def main(argv):
   del argv
   runtime.setup()
-  config, batch, steps, warmup = _FLAGS
-  print(json.dumps(measure(config.value, batch.value, steps.value, warmup.value)), flush=True)
+  config, batch, steps, warmup, phase = _FLAGS
+  config = config_lib.phase_config(config.value, phase.value)
+  print(json.dumps(measure(config, batch.value, steps.value, warmup.value)), flush=True)
 
 
 if __name__ == "__main__":

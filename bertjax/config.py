@@ -185,6 +185,15 @@ def phase_at(config, step: int) -> Phase:
   return next((p for p in plan if p.start <= step < p.end), plan[-1])
 
 
+def phase_config(config, number: int) -> ml_collections.ConfigDict:
+  """Phase `number`'s config (1-based), for the CLIs that compile or time one shape (aot, bench: --phase)."""
+  plan = phases(config)
+  if not 1 <= number <= len(plan):
+    raise UserError(f"--phase={number}, but the config has {len(plan)} phase{'s' if len(plan) > 1 else ''}; "
+                    f"use 1..{len(plan)}")
+  return plan[number - 1].config
+
+
 def warmup_steps(config) -> int:
   return config.warmup_steps if config.warmup_steps >= 0 else int(round(config.warmup_fraction * config.total_steps))
 

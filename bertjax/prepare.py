@@ -2,7 +2,9 @@
 
 Turns the corpus named by --config.data.source into pre-tokenized shards for that config (seq_len,
 instance format and tokenizer come from it), streaming, on every core; then train with
-`python -m bertjax.train --config=<same> --config.data.source=shards:DIR`.
+`python -m bertjax.train --config=<same> --config.data.source=shards:DIR`. A config whose phases train at
+several seq_lens gets DIR/seq_len_N for each, made with one tokenizer (the first's); `shards:DIR` then
+serves every phase its own.
 """
 
 import os
@@ -27,8 +29,17 @@ def main(argv):
   del argv
   from bertjax.data import prepare_lib
 
-  meta = prepare_lib.prepare(_CONFIG.value, _OUT.value, workers=_WORKERS.value, overwrite=_OVERWRITE.value)
-  print(prepare_lib.summary(meta, os.path.abspath(os.path.expanduser(_OUT.value))), flush=True)
+  from bertjax import config as config_lib
+
+  out = os.path.abspath(os.path.expanduser(_OUT.value))
+  by_seq_len = {p.config.seq_len: p.config for p in reversed(config_lib.phases(_CONFIG.value))}
+  tokenizer = ""
+  for seq_len, config in sorted(by_seq_len.items()):
+    directory = out if len(by_seq_len) == 1 else os.path.join(out, f"seq_len_{seq_len}")
+    meta = prepare_lib.prepare(config, directory, workers=_WORKERS.value, overwrite=_OVERWRITE.value,
+                               tokenizer=tokenizer)
+    tokenizer = tokenizer or prepare_lib.absolute_spec(meta["tokenizer"]["spec"], directory)
+    print(prepare_lib.summary(meta, directory), flush=True)
 
 
 if __name__ == "__main__":

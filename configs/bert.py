@@ -51,7 +51,8 @@ def get_config(arg: str = "base"):
     # NVIDIA DeepLearningExamples PyTorch/LanguageModeling/BERT scripts/run_pretraining.sh (the LAMB paper's
     # recipe, You et al. 2020, Table 4's 64k/32k batches): phase 1 7,038 steps of 65,536 x 128, lr 6e-3, warmup
     # 28.43%; phase 2 1,563 steps of 32,768 x 512, lr 4e-3, warmup 12.8%; each phase restarts the schedule
-    # (PolyWarmUpScheduler, degree 0.5); LAMB with weight decay 0.01, clip 1.0.
+    # (PolyWarmUpScheduler, degree 0.5); LAMB with weight decay 0.01, clip 1.0. One difference: bertjax's LAMB is
+    # ALBERT's (no Adam bias correction); NVIDIA's FusedLAMB corrects.
     steps1, steps2 = 7_038, 1_563
     c.total_steps, c.warmup_steps = steps1 + steps2, 0
     c.phases = (phase(steps1 / (steps1 + steps2), seq_len=128, batch_size=65_536, max_predictions=20,

@@ -13,7 +13,7 @@ from bertjax import loop
 from bertjax.data import instances, pipeline, prepare_lib, shards, sources
 from bertjax.data.tokenizer import SpecialIds
 from bertjax.errors import UserError
-from conftest import REPO, micro
+from conftest import MICRO_FLAGS, REPO, micro
 
 SPECIAL = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
 CONFIGS = ("configs/bert.py:tiny", "configs/albert.py:tiny", "configs/electra.py:tiny", "configs/roberta.py:tiny")
@@ -187,6 +187,32 @@ def test_a_corpus_and_shards_prepared_from_it_give_the_same_batches(prepared, co
   halves = [pipeline.batch_at(from_shards.train, 3, 8, 0, process_index=p, process_count=2) for p in (0, 1)]
   np.testing.assert_array_equal(np.concatenate([h["input_ids"] for h in halves]),
                                 pipeline.batch_at(from_shards.train, 3, 8, 0)["input_ids"])
+
+
+def test_a_config_with_phases_is_prepared_per_seq_len_and_served_phase_by_phase(corpus, tmp_path):
+  """prepare writes OUT/seq_len_N per phase seq_len with one tokenizer; shards:OUT gives each phase the
+  batches that naming the corpus gives it."""
+  from bertjax import config as config_lib
+
+  spec, out = "configs/bert.py:tiny_two_phase", tmp_path / "phased"
+  overrides = {"data.source": corpus[0], "data.split_paragraphs": True}
+  cmd = [sys.executable, "-m", "bertjax.prepare", f"--config={spec}", f"--out={out}", "--workers=0",
+         *(f"--config.{k}={v}" for k, v in overrides.items()), *MICRO_FLAGS]
+  done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert sorted(os.listdir(out)) == ["seq_len_128", "seq_len_64"]
+  fingerprints = set()
+  for phase in config_lib.phases(micro(spec, **overrides)):
+    from_text = pipeline.build(phase.config)
+    shards_config = phase.config.copy_and_resolve_references()
+    shards_config.data.source = f"shards:{out}"
+    from_shards = pipeline.build(shards_config)
+    assert from_shards.train.directory == str(out / f"seq_len_{phase.config.seq_len}")
+    fingerprints |= {from_text.tokenizer.fingerprint, from_shards.tokenizer.fingerprint}
+    a, b = (pipeline.batch_at(d.train, 5, 8, seed=0) for d in (from_shards, from_text))
+    assert a["input_ids"].shape == (8, phase.config.seq_len)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+  assert len(fingerprints) == 1
 
 
 def test_the_cache_is_reused_and_keyed_by_every_setting_that_changes_the_rows(corpus, tmp_path, monkeypatch):

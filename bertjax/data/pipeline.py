@@ -117,7 +117,9 @@ def build(config) -> Dataset:
   """The run's train and eval rows and tokenizer; see the module docstring."""
   source = config.data.source
   if source.startswith("shards:"):
-    return _open_shards(config, os.path.expanduser(source.partition(":")[2]))
+    directory = os.path.expanduser(source.partition(":")[2])
+    per_phase = os.path.join(directory, f"seq_len_{config.seq_len}")  # prepared for a config with phases
+    return _open_shards(config, per_phase if os.path.isdir(per_phase) else directory)
   return _open_shards(config, prepared(config))
 
 
