@@ -49,8 +49,9 @@ def get_config(arg: str = "base"):
   # Objectives: MLM only.
   c.objectives.mlm = 1.0
   # Optimizer: Table 9's Adam betas (0.9, 0.98), eps 1e-6, weight decay 0.01 (fairseq's adam decouples it, as
-  # AdamW), gradient clipping 0.0 (fairseq --clip-norm 0.0: none; bertjax.optim treats 0 as off); linear
-  # decay as fairseq's polynomial_decay (power 1, end lr 0), which decays over the steps after warmup.
+  # AdamW; fairseq decays every parameter, bertjax not biases and LayerNorm), gradient clipping 0.0 (fairseq
+  # --clip-norm 0.0: none; bertjax.optim treats 0 as off); linear decay as fairseq's polynomial_decay (power
+  # 1, end lr 0), which decays over the steps after warmup.
   c.optimizer.name, c.optimizer.b1, c.optimizer.b2, c.optimizer.eps = "adamw", 0.9, 0.98, 1e-6
   c.optimizer.weight_decay, c.optimizer.clip_norm = 0.01, 0.0
   c.optimizer.schedule = "linear_after_warmup"
