@@ -28,7 +28,7 @@ class MaskingConfig:
   max_predictions: int = 20
   mask_token_prob: float = 0.8
   random_token_prob: float = 0.1
-  max_ngram: int = 3  # ALBERT n-gram masking: n in 1..max_ngram with p(n) proportional to 1/n
+  max_ngram: int = 3  # ALBERT n-gram masking: n in 1..max_ngram with p(n) proportional to 1/n, shortened to fit
   span_p: float = 0.2  # SpanBERT: span length ~ Geometric(span_p), truncated at max_span words
   max_span: int = 10
 
@@ -64,30 +64,48 @@ def _select_tokens(rng, candidates, n, cfg):
   return selected, jnp.broadcast_to(jnp.arange(candidates.shape[1]), candidates.shape)
 
 
-def _select_spans_one(rng, unit, n, probs):
-  """Greedy span choice for one example: units (words) in random order, each starting a span of a
-  sampled number of words; a span that overlaps a chosen one or overflows the budget is skipped."""
+def _greedy_spans(unit, n, order, lengths, max_words: int, shorten: bool):
+  """Greedy span choice for one example, its random draws given: units (words) are tried in `order`, each
+  starting a span of `lengths[u]` (<= max_words) words, cut at the row's last word. A span that overlaps a chosen
+  one is skipped. One that would overflow the budget `n` is skipped too, or with `shorten` cut one word at
+  a time until it fits, skipped only if its first word alone overflows: ALBERT's n-grams
+  (google-research/albert create_pretraining_data.py, create_masked_lm_predictions: `while len(masked_lms)
+  + len(index_set) > num_to_predict` takes the next shorter n-gram), which fill a budget that skipping
+  would leave short. Returns covered [S] and the start of the span covering each unit (both per unit)."""
   s = unit.shape[0]
   idx = jnp.arange(s)
   counts = jnp.zeros(s, jnp.int32).at[jnp.where(unit >= 0, unit, s)].add(1, mode="drop")
   num_units = (counts > 0).sum()
   cum = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts)])
-  r_len, r_order = jax.random.split(rng)
-  lengths = jax.random.choice(r_len, len(probs), (s,), p=jnp.asarray(probs)) + 1
-  order = jnp.argsort(jnp.where(idx < num_units, jax.random.uniform(r_order, (s,)), 2.0))
+  words = jnp.arange(1, max_words + 1)
 
   def body(k, carry):
     covered, owner, used = carry
     u = order[k]
-    end = jnp.minimum(u + lengths[u], num_units)
-    tokens = cum[end] - cum[u]
+    tokens = cum[jnp.minimum(u + words, num_units)] - cum[u]  # tokens of the 1-, 2-, ... word span at u
+    # The spans of at most lengths[u] words that fit the budget: a prefix of 1..max_words (tokens only grow).
+    longest = ((words <= lengths[u]) & (used + tokens <= n)).sum()
+    m = longest if shorten else jnp.where(longest == lengths[u], longest, 0)
+    end = jnp.minimum(u + m, num_units)
     in_span = (idx >= u) & (idx < end)
-    ok = (u < num_units) & ~jnp.any(covered & in_span) & (used + tokens <= n)
+    ok = (u < num_units) & (m > 0) & ~jnp.any(covered & in_span)
     take = ok & in_span
-    return covered | take, jnp.where(take, u, owner), used + jnp.where(ok, tokens, 0)
+    return covered | take, jnp.where(take, u, owner), used + jnp.where(ok, cum[end] - cum[u], 0)
 
   init = (jnp.zeros(s, bool), jnp.zeros(s, jnp.int32), jnp.zeros((), jnp.int32))
   covered, owner, _ = jax.lax.fori_loop(0, s, body, init)
+  return covered, owner
+
+
+def _select_spans_one(rng, unit, n, probs, shorten: bool):
+  """Spans for one example: a length drawn from `probs` for every word, the words in random order, then
+  `_greedy_spans`. Returns the selected tokens and the start word of each token's span."""
+  s = unit.shape[0]
+  num_units = jnp.max(unit) + 1
+  r_len, r_order = jax.random.split(rng)
+  lengths = jax.random.choice(r_len, len(probs), (s,), p=jnp.asarray(probs)) + 1
+  order = jnp.argsort(jnp.where(jnp.arange(s) < num_units, jax.random.uniform(r_order, (s,)), 2.0))
+  covered, owner = _greedy_spans(unit, n, order, lengths, len(probs), shorten)
   safe = jnp.maximum(unit, 0)
   return (unit >= 0) & covered[safe], owner[safe]
 
@@ -100,7 +118,8 @@ def _select_words(rng, candidates, word_start, n, cfg):
   unit = jnp.where(candidates, jnp.cumsum(starts, axis=-1) - 1, -1)
   rngs = jax.random.split(rng, candidates.shape[0])
   probs = span_length_probs(cfg)
-  return jax.vmap(lambda r, u, k: _select_spans_one(r, u, k, probs))(rngs, unit, n)
+  shorten = cfg.scheme == "ngram"  # ALBERT shortens an n-gram that overflows the budget; the others skip
+  return jax.vmap(lambda r, u, k: _select_spans_one(r, u, k, probs, shorten))(rngs, unit, n)
 
 
 def mask_batch(rng, input_ids, word_start, cfg: MaskingConfig):

@@ -4,9 +4,10 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from bertjax import config as config_lib
+from bertjax import config as config_lib, optim
 from bertjax.errors import UserError
 from conftest import REPO, load_config
 
@@ -56,6 +57,65 @@ def test_invalid_configs_are_refused_with_the_fix(overrides, message):
                                   "configs/bert.py:tiny_two_phase"])
 def test_shipped_configs_are_valid(spec):
   config_lib.validate(load_config(spec))
+
+
+# RoBERTa as published: Liu et al. 2019 (arXiv:1907.11692) Table 9, pretraining hyperparameters, and §3.1
+# (sequences of at most 512 tokens); fairseq examples/roberta/README.pretraining.md trains with the same
+# optimizer flags: --adam-betas '(0.9, 0.98)' --adam-eps 1e-6 --clip-norm 0.0 --weight-decay 0.01
+# --lr-scheduler polynomial_decay.
+ROBERTA_TABLE_9 = {"base": dict(peak_lr=6e-4, warmup=24_000), "large": dict(peak_lr=4e-4, warmup=30_000)}
+ROBERTA_BOTH = dict(batch=8192, steps=500_000, seq_len=512, b1=0.9, b2=0.98, eps=1e-6, weight_decay=0.01,
+                    dropout=0.1, attention_dropout=0.1)
+
+
+def _adam_reference(params, grads_per_step, lrs, b1, b2, eps, wd):
+  """Adam with bias correction and decoupled weight decay (fairseq's adam, torch's AdamW), no clipping, in
+  NumPy float64: the updates it applies."""
+  params = {k: p.astype(np.float64) for k, p in params.items()}
+  m = {k: np.zeros_like(p) for k, p in params.items()}
+  v = {k: np.zeros_like(p) for k, p in params.items()}
+  updates = []
+  for t, (grads, lr) in enumerate(zip(grads_per_step, lrs), start=1):
+    step = {}
+    for k, g in grads.items():
+      g = g.astype(np.float64)
+      m[k] = b1 * m[k] + (1 - b1) * g
+      v[k] = b2 * v[k] + (1 - b2) * g * g
+      m_hat, v_hat = m[k] / (1 - b1**t), v[k] / (1 - b2**t)
+      step[k] = -lr * (m_hat / (np.sqrt(v_hat) + eps) + wd * params[k])
+    updates.append(step)
+  return updates
+
+
+@pytest.mark.parametrize("variant", sorted(ROBERTA_TABLE_9))
+def test_roberta_recipe_is_the_published_one(variant):
+  c = load_config(f"configs/roberta.py:{variant}")
+  want = dict(ROBERTA_BOTH, **ROBERTA_TABLE_9[variant])
+  o = c.optimizer
+  assert (c.batch_size, c.total_steps, c.seq_len) == (want["batch"], want["steps"], want["seq_len"])
+  assert (c.learning_rate, c.warmup_steps) == (want["peak_lr"], want["warmup"])
+  assert (o.name, o.b1, o.b2, o.eps, o.weight_decay) == ("adamw", want["b1"], want["b2"], want["eps"],
+                                                          want["weight_decay"])
+  assert o.clip_norm == 0.0  # Table 9: gradient clipping 0.0; fairseq --clip-norm 0.0
+  assert (c.model.dropout, c.model.attention_dropout) == (want["dropout"], want["attention_dropout"])
+  # fairseq polynomial_decay, power 1 to 0: peak * t / w during warmup, then peak * (T - t) / (T - w).
+  lr, peak, w, T = optim.pretraining_schedule(c), want["peak_lr"], want["warmup"], want["steps"]
+  for t in (w // 2, w, w + 1000, (w + T) // 2, T - 10_000):  # (optax counts steps in float32)
+    assert float(lr(t)) == pytest.approx(peak * (t / w if t <= w else (T - t) / (T - w)), rel=1e-4), t
+  # And the optimizer the config builds is that Adam, unclipped: over the first three steps, the first with a
+  # gradient of norm 1e4, it applies Adam's updates (clipped to norm 1, that gradient would leave moments
+  # 1e4 times smaller and every later update different).
+  tx = optim.make(o, lr)
+  params = {"w": np.linspace(-1, 1, 6).astype(np.float32)}
+  grads = [np.full(6, 1e4 / np.sqrt(6)), np.linspace(0.5, -0.5, 6), np.linspace(-0.2, 0.3, 6)]
+  grads = [{"w": g.astype(np.float32)} for g in grads]
+  # (The rates are the schedule's, checked above: in float32 its first warmup steps are ~1e-3 off peak * t / w.)
+  expected = _adam_reference(params, grads, [float(lr(t)) for t in range(3)], want["b1"], want["b2"], want["eps"],
+                             want["weight_decay"])
+  state = tx.init(params)
+  for g, want_update in zip(grads, expected):
+    update, state = tx.update(g, state, params)
+    np.testing.assert_allclose(np.asarray(update["w"]), want_update["w"], rtol=1e-4, atol=1e-12)
 
 
 def _run(module, *args, cwd=REPO, env=None):

@@ -1,5 +1,6 @@
 """HF interop: safetensors I/O, MiniLM parity with transformers, export -> transformers -> same logits, fill-mask."""
 
+import json
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may download
@@ -92,6 +93,9 @@ def test_export_loads_in_transformers_with_same_logits(family, tmp_path):
   params = _random_params(config)
   out = str(tmp_path / "hf")
   dirs = convert.write_hf(config, params, out)
+  # ALBERT's GELU is the tanh approximation (configs/albert.py); HF names it gelu_new.
+  with open(os.path.join(dirs[0], "config.json")) as f:
+    assert json.load(f)["hidden_act"] == ("gelu_new" if family == "albert" else "gelu")
   rng = np.random.default_rng(1)
   ids = rng.integers(5, config.model.vocab_size, (2, 24))  # no [PAD]: HF RoBERTa numbers positions around it
   types = np.zeros_like(ids) if config.model.type_vocab_size == 1 else (np.arange(24) >= 10).astype(int)[None].repeat(2, 0)
@@ -119,6 +123,7 @@ def test_export_loads_in_transformers_with_same_logits(family, tmp_path):
   # And back: importing the export gives the same model (the discriminator with its generator).
   back = convert.read_hf(dirs[0], dirs[1] if family == "electra" else "")
   assert back.family == family and not back.fresh and not back.unused
+  assert back.config.model.activation == config.model.activation
   assert config_lib.active_objectives(back.config) == config_lib.active_objectives(config)
   again = hf.logits(back.config, back.params, ids, types)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), again, ours)
@@ -175,3 +180,13 @@ def test_import_rejects_a_foreign_model_type(tmp_path):
 
   with pytest.raises(UserError, match="model_type 'gpt2'"):
     convert.read_hf(str(tmp_path))
+
+
+def test_import_defaults_hidden_act_to_the_family_s_transformers_default():
+  """A config.json without hidden_act means the config class's default: AlbertConfig's is gelu_new."""
+  from bertjax.interop import configs as hf_configs
+
+  hf_config = dict(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+  for family, act in (("albert", "gelu_new"), ("bert", "gelu"), ("roberta", "gelu"), ("electra", "gelu")):
+    assert getattr(transformers, f"{family.capitalize()}Config")().hidden_act == act
+    assert hf_configs.model_section(hf_config, family)["activation"] == act

@@ -161,3 +161,72 @@ def test_span_action_is_per_span():
       is_mask = toks == MASK
       mixed += is_mask.any() and not is_mask.all()
   assert mixed == 0
+
+
+def _albert_ngrams(word_tokens, order, n_of, budget):
+  """The n-gram branch of create_masked_lm_predictions (google-research/albert create_pretraining_data.py)
+  with its random draws given: start words in `order`, `n_of[w]` the n drawn at word w. Returns the
+  masked token positions."""
+  covered, masked = set(), []
+  for w in order:
+    if len(masked) >= budget:
+      break
+    n = n_of[w]
+    index_set = sum(word_tokens[w:w + n], [])
+    n -= 1
+    while len(masked) + len(index_set) > budget:  # the next shorter n-gram, down to the word alone
+      if n == 0:
+        break
+      index_set = sum(word_tokens[w:w + n], [])
+      n -= 1
+    if len(masked) + len(index_set) > budget or any(i in covered for i in index_set):
+      continue
+    covered.update(index_set)
+    masked.extend(index_set)
+  return covered
+
+
+def test_ngram_overflow_shortens_like_albert():
+  """Given the same word order and drawn n, bertjax's n-grams are ALBERT's, token for token: an n-gram
+  that would overflow the budget is shortened, not skipped."""
+  # Six one-token words tried in order, budget 2, every n drawn as 3: ALBERT shortens the first trigram to
+  # a bigram; skipping would pass over every trigram up to the one cut short by the end of the row.
+  unit, order, n_of = jnp.arange(6), jnp.arange(6), jnp.full(6, 3)
+  covered, _ = masking._greedy_spans(unit, 2, order, n_of, 3, shorten=True)
+  np.testing.assert_array_equal(covered, [1, 1, 0, 0, 0, 0])
+  skipped, _ = masking._greedy_spans(unit, 2, order, n_of, 3, shorten=False)
+  np.testing.assert_array_equal(skipped, [0, 0, 0, 0, 1, 1])
+  # Random words of 1-3 tokens around special tokens, random orders, draws and budgets.
+  rng = np.random.default_rng(0)
+  cases, s = 300, 24
+  units, orders, lengths, budgets = [], [], [], []
+  for _ in range(cases):
+    cand = rng.random(s) > 0.1
+    starts = cand & ((rng.random(s) < 0.5) | ~np.concatenate([[False], cand[:-1]]))
+    unit_row = np.where(cand, np.cumsum(starts) - 1, -1)
+    num = unit_row.max() + 1
+    units.append(unit_row)
+    orders.append(np.concatenate([rng.permutation(num), np.arange(num, s)]))
+    lengths.append(rng.integers(1, 4, s))
+    budgets.append(rng.integers(1, 9))
+  covered = jax.jit(jax.vmap(lambda u, n, o, l: masking._greedy_spans(u, n, o, l, 3, shorten=True)[0]))(
+      *map(jnp.asarray, (units, budgets, orders, lengths)))
+  covered = np.asarray(covered)
+  for c in range(cases):
+    num = units[c].max() + 1
+    word_tokens = [list(np.flatnonzero(units[c] == w)) for w in range(num)]
+    theirs = _albert_ngrams(word_tokens, list(orders[c][:num]), lengths[c], budgets[c])
+    ours = set(np.flatnonzero((units[c] >= 0) & covered[c][np.maximum(units[c], 0)]))
+    assert ours == theirs, c
+
+
+def test_ngram_fills_a_budget_skipping_would_leave_short():
+  """Rows of one-token words with a budget of 2: a shortened n-gram always completes the budget (the first
+  span takes 1 or 2 words, then any free word fits), where skipping n-grams that overflow leaves rows short."""
+  rng = np.random.default_rng(0)
+  ids = np.zeros((B, 12), np.int32)
+  for b, k in enumerate(rng.integers(3, 10, B)):
+    ids[b, 0], ids[b, 1:k + 1], ids[b, k + 1] = 2, rng.integers(5, VOCAB, k), 3
+  cfg = masking.MaskingConfig(*VOCAB_FACTS, scheme="ngram", mask_prob=0.5, max_predictions=2)
+  out = jax.jit(lambda r: masking.mask_batch(r, ids, np.ones_like(ids, bool), cfg))(jax.random.key(0))
+  np.testing.assert_array_equal(np.asarray(out["mlm_weights"]).sum(1), 2)

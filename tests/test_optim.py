@@ -105,6 +105,20 @@ def test_gradients_are_clipped_to_global_norm_one(name):
     assert float(optax.tree.norm(mu)) / (1 - config.optimizer.b1) == pytest.approx(expected_norm, rel=1e-5)
 
 
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_clip_norm_zero_switches_clipping_off(name):
+  """clip_norm 0 (RoBERTa's, fairseq's --clip-norm 0.0) means no clipping: a gradient of norm 1e4 reaches
+  the moments whole."""
+  config = _lr_config("linear")
+  config.optimizer.name, config.optimizer.clip_norm = name, 0.0
+  tx = _pretraining_tx(config)
+  params = {"a": jnp.ones((2, 3)), "b": jnp.ones(4)}
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 1e4 / math.sqrt(10)), params)  # global norm 1e4
+  _, state = tx.update(grads, tx.init(params), params)
+  mu = optax.tree_utils.tree_get(state, "mu")
+  assert float(optax.tree.norm(mu)) / (1 - config.optimizer.b1) == pytest.approx(1e4, rel=1e-5)
+
+
 # ----------------------------------------------------------------- LAMB against the reference
 
 _EXCLUDE = ["LayerNorm", "layer_norm", "bias"]  # ALBERT run_pretraining's exclude_from_weight_decay

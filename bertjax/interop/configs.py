@@ -7,6 +7,9 @@ FAMILIES = ("bert", "roberta", "albert", "electra")
 # HF hidden_act -> bertjax model.activation (gelu_pytorch_tanh is the same tanh approximation).
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new"}
 HF_ACTIVATION = {"gelu": "gelu", "gelu_new": "gelu_new"}
+# hidden_act when a config.json leaves it out: the transformers config class's default (AlbertConfig's is
+# gelu_new, ALBERT's tanh approximation; the others' gelu).
+DEFAULT_HF_ACTIVATION = {"albert": "gelu_new"}
 DEFAULT_GENERATOR_FRACTION = 0.25  # an ELECTRA discriminator imported without its generator gets a fresh one
 
 
@@ -22,7 +25,7 @@ def family_of(hf: dict) -> str:
 
 def model_section(hf: dict, family: str) -> dict:
   """bertjax `model` keys of an HF config (one network: for ELECTRA, the one this config.json describes)."""
-  act = hf.get("hidden_act", "gelu")
+  act = hf.get("hidden_act", DEFAULT_HF_ACTIVATION.get(family, "gelu"))
   if act not in ACTIVATIONS:
     raise UserError(f"config.json has hidden_act {act!r}; bertjax supports {', '.join(ACTIVATIONS)}")
   if hf.get("position_embedding_type", "absolute") != "absolute":

@@ -59,7 +59,7 @@ class EncoderConfig:
   num_groups: int = 1  # ALBERT num_hidden_groups: distinct parameter sets of the shared blocks
   dtype: Any = jnp.float32  # compute dtype; parameters stay float32
   remat: str = "none"  # key of REMAT_POLICIES
-  activation: str = "gelu"  # gelu (exact erf, BERT) | gelu_new (tanh approximation, HF ALBERT checkpoints)
+  activation: str = "gelu"  # gelu (exact erf, BERT) | gelu_new (tanh approximation, ALBERT)
   position_offset: int = 0  # first position id (HF RoBERTa counts from padding_idx + 1 = 2)
   scan_unroll: int = 0  # layers per scan iteration; 0: all of them up to UNROLL_MAX_LAYERS, else 1
 
@@ -93,7 +93,8 @@ gelu.defvjp(_gelu_fwd, _gelu_bwd)
 
 
 def activation(cfg: EncoderConfig, x):
-  """The FFN / head activation: exact GELU unless a checkpoint asks for the tanh approximation."""
+  """The FFN / MLM-head activation: exact GELU, or its tanh approximation where the reference uses it
+  (ALBERT: google-research/albert modeling.py's gelu(); HF's gelu_new)."""
   if cfg.activation == "gelu_new":
     return nn.gelu(x, approximate=True)
   return gelu(x)
