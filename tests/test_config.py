@@ -99,7 +99,7 @@ def test_roberta_recipe_is_the_published_one(variant):
   assert o.clip_norm == 0.0  # Table 9: gradient clipping 0.0; fairseq --clip-norm 0.0
   assert (c.model.dropout, c.model.attention_dropout) == (want["dropout"], want["attention_dropout"])
   # fairseq polynomial_decay, power 1 to 0: peak * t / w during warmup, then peak * (T - t) / (T - w).
-  lr, peak, w, T = optim.pretraining_schedule(c), want["peak_lr"], want["warmup"], want["steps"]
+  lr, peak, w, T = config_lib.lr_schedule(c), want["peak_lr"], want["warmup"], want["steps"]
   for t in (w // 2, w, w + 1000, (w + T) // 2, T - 10_000):  # (optax counts steps in float32)
     assert float(lr(t)) == pytest.approx(peak * (t / w if t <= w else (T - t) / (T - w)), rel=1e-4), t
   # And the optimizer the config builds is that Adam, unclipped: over the first three steps, the first with a
