@@ -8,10 +8,9 @@ import os
 import re
 
 from absl import flags
-from ml_collections import config_flags
 
 from bertjax import runtime
-from bertjax.errors import UserError, cli, run
+from bertjax.errors import UserError, cli, config_and_phase_flags, run
 
 
 # Per generation: jax topology prefix, HBM per chip (GiB), how slice names count (cores or chips),
@@ -183,14 +182,12 @@ def format_report(r: dict) -> str:
 
 def _define_flags():
   """The CLI's flags, defined only when run as a program (so `import bertjax.aot` defines none)."""
-  config = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:large", lock_config=True)
+  config = config_and_phase_flags("configs/bert.py:large", "compile")
   topology = flags.DEFINE_string("topology", "v4-8", "TPU slice: v4-8, v4-32, v5e-8, v5e-16, v5p-8, v6e-8, ...")
   as_json = flags.DEFINE_bool("json", False, "print one JSON object instead of the table")
   unrolled = flags.DEFINE_bool("unrolled_estimate", True, "XLA's FLOPs and step-time estimate for a model whose "
                                "layers run as a rolled scan (XLA costs a loop body once): from two shallow unrolled compiles")
-  phase = flags.DEFINE_integer("phase", 1, "the training phase whose shapes to compile (configs with phases)")
-  flags.mark_flags_as_required(["config"])
-  return config, topology, as_json, unrolled, phase
+  return config, topology, as_json, unrolled
 
 
 @cli
@@ -204,11 +201,8 @@ def main(argv):
 
   jax.config.update("jax_platforms", "cpu")
   runtime.setup()
-  from bertjax import config as config_lib
-
-  config, topology, as_json, unrolled, phase = _FLAGS
-  report = compile_for(config_lib.phase_config(config.value, phase.value), parse_topology(topology.value),
-                       unrolled.value)
+  config, topology, as_json, unrolled = _FLAGS
+  report = compile_for(config(), parse_topology(topology.value), unrolled.value)
   print(json.dumps(report) if as_json.value else format_report(report))
 
 

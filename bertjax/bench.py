@@ -26,11 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
-from ml_collections import config_flags
 
 from bertjax import build, config as config_lib, flops, runtime, sharding
 from bertjax.data.tokenizer import SPM_SPECIAL
-from bertjax.errors import UserError, cli, run
+from bertjax.errors import UserError, cli, config_and_phase_flags, run
 
 
 @dataclasses.dataclass
@@ -194,22 +193,19 @@ def measure(config, batch_size: int = 0, steps: int = 10, warmup: int = 2, peak:
 
 def _define_flags():
   """The CLI's flags, defined only when run as a program (so `import bertjax.bench` defines none)."""
-  config = config_flags.DEFINE_config_file("config", None, "config file, e.g. configs/bert.py:base", lock_config=True)
+  config = config_and_phase_flags("configs/bert.py:base", "time")
   batch = flags.DEFINE_integer("batch_size", 0, "global batch size (0: the config's)")
   steps = flags.DEFINE_integer("steps", 10, "timed steps (the median is reported)")
   warmup = flags.DEFINE_integer("warmup", 2, "untimed steps after compilation")
-  phase = flags.DEFINE_integer("phase", 1, "the training phase whose shapes to time (configs with phases)")
-  flags.mark_flags_as_required(["config"])
-  return config, batch, steps, warmup, phase
+  return config, batch, steps, warmup
 
 
 @cli
 def main(argv):
   del argv
   runtime.setup()
-  config, batch, steps, warmup, phase = _FLAGS
-  config = config_lib.phase_config(config.value, phase.value)
-  print(json.dumps(measure(config, batch.value, steps.value, warmup.value)), flush=True)
+  config, batch, steps, warmup = _FLAGS
+  print(json.dumps(measure(config(), batch.value, steps.value, warmup.value)), flush=True)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,24 @@ def run(main):
   app.run(main, flags_parser=parse_flags)
 
 
+def config_and_phase_flags(example: str, what: str):
+  """--config (required, locked) and --phase, the phase whose shapes a one-shape CLI (aot, bench) `what`s;
+  returns a function giving that phase's config once flags are parsed."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  config = config_flags.DEFINE_config_file("config", None, f"config file, e.g. {example}", lock_config=True)
+  phase = flags.DEFINE_integer("phase", 1, f"the training phase whose shapes to {what} (configs with phases)")
+  flags.mark_flags_as_required(["config"])
+
+  def phase_config():
+    from bertjax import config as config_lib
+
+    return config_lib.phase_config(config.value, phase.value)
+
+  return phase_config
+
+
 def run_config_workdir(example: str, workdir_help: str, entry: str):
   """The whole of a `--config=... --workdir=...` CLI (train, finetune): defines both flags (required),
   parses them with one-line errors, sets up the process (`runtime.setup()`), then imports `entry`
