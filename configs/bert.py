@@ -66,4 +66,5 @@ def get_config(arg: str = "base"):
   if arg == "tiny_two_phase":
     # BERT's shape at CPU size: 90% of the steps at seq 64, then 10% at seq 128 (budgets derived: 10 and 20).
     c.phases = (phase(0.9, seq_len=64), phase(0.1, seq_len=128))
+    c.checkpoint_every = 50  # saves at 500, 540 (the boundary) and 550 (inside phase 2)
   return c
