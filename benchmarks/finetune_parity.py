@@ -13,7 +13,8 @@ truncated first, the pretrained tanh pooler and a fresh linear classifier.
 bertjax runs `python -m bertjax.finetune`'s code (`bertjax.finetune.train.finetune`, with
 epoch_mode=transformers and schedule=linear_after_warmup); PyTorch runs a plain training loop over
 BertForSequenceClassification with the checkpoint's own tokenizer (AutoTokenizer), as run_glue does.
-Seeds alternate sides (bertjax seed 0, PyTorch seed 0, bertjax seed 1, ...). Training subsets are drawn
+Seeds alternate sides (bertjax seed 0, PyTorch seed 0, bertjax seed 1, ...) and are paired (--paired=1: PyTorch's
+seed s starts from bertjax's seed-s classifier and row order; dropout stays each side's own). Training subsets are drawn
 once (--sst2_train 1,000 / --rte_train 600 examples by default, sized for a 2-core CPU; seed 0) and written
 as TSVs, so both sides read the same rows;
 dev sets are whole (SST-2 872, RTE 277). Prints each side's per-seed dev accuracy, the medians and their
