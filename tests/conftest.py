@@ -1,10 +1,19 @@
-"""Shared test fixtures: a private tokenizer cache and small configs."""
+"""Shared test fixtures: a private tokenizer cache, one XLA compilation cache, and small configs."""
 
+import getpass
 import os
+import tempfile
 
 import pytest
 
-from bertjax import config as config_lib, runtime
+# The suite compiles the same micro models many times over (every xdist worker, every CLI subprocess):
+# one persistent XLA cache for all of them compiles each program once. Set before JAX is imported, and
+# inherited by subprocesses through the environment.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(tempfile.gettempdir(), f"bertjax-tests-xla-cache-{getpass.getuser()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+from bertjax import config as config_lib, runtime  # noqa: E402
 
 runtime.setup()  # as every entry point does, before JAX runs anything
 

@@ -73,7 +73,7 @@ def test_bad_input_leaves_an_existing_run_intact(tmp_path):
 
 
 @pytest.mark.parametrize("spec, flag, fragment", [
-    ("configs/bert.py:huge", (), "unknown bert variant 'huge'; use one of tiny, base, large"),
+    ("configs/bert.py:huge", (), "unknown bert variant 'huge'; use one of tiny, tiny_two_phase, base, large, large_lamb"),
     ("configs/nope.py", (), "cannot load the config file"),
     ("configs/bert.py:tiny", ("--config.model.hiden_size=64",), "no config key 'hiden_size'; did you mean 'hidden_size'?"),
     ("configs/bert.py:tiny", ("--config.batch_size=many",), "--config.batch_size=many"),
