@@ -27,11 +27,11 @@ flags.mark_flags_as_required(["config", "out"])
 @cli
 def main(argv):
   del argv
+  from bertjax import config as config_lib
   from bertjax.data import prepare_lib
 
-  from bertjax import config as config_lib
-
   out = os.path.abspath(os.path.expanduser(_OUT.value))
+  # The rows depend on a phase's seq_len only: one preparation per seq_len (the first phase's config).
   by_seq_len = {p.config.seq_len: p.config for p in reversed(config_lib.phases(_CONFIG.value))}
   tokenizer = ""
   for seq_len, config in sorted(by_seq_len.items()):
