@@ -172,6 +172,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     if phase.config.seq_len not in datasets:
       datasets[phase.config.seq_len] = pipeline.build(phase.config)
   tok = datasets[plan[0].config.seq_len].tokenizer
+  if len({d.tokenizer.fingerprint for d in datasets.values()}) > 1:
+    raise UserError("the phases' data were made with different tokenizers; prepare them with one "
+                    "(python -m bertjax.prepare with the phased config writes every seq_len with the same)")
   claim_workdir(config, workdir, replace)  # only now: a bad input must leave an existing workdir as it was
   writer = MetricWriter(workdir, enabled=proc == 0)
   for seq_len, data in datasets.items():
