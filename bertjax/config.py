@@ -161,6 +161,11 @@ class Phase:
   def steps(self) -> int:
     return self.end - self.start
 
+  @property
+  def warmup_steps(self) -> int:
+    """Warmup of a phase that restarts the schedule: warmup_fraction of its steps."""
+    return int(round(self.warmup_fraction * self.steps))
+
 
 def phases(config) -> list:
   """The run's phases (one, the config itself, when config.phases is empty)."""
@@ -176,6 +181,15 @@ def phases(config) -> list:
     c.masking.max_predictions = p["max_predictions"] or config.masking.max_predictions
     out.append(Phase(i, start, end, p["learning_rate"], p["warmup_fraction"], c))
     start = end
+  return out
+
+
+def configs_by_seq_len(config) -> dict:
+  """seq_len -> the config of the first phase training at it: the rows (prepared data) depend on a phase's
+  seq_len only, so the loop and `prepare` make one dataset per entry."""
+  out = {}
+  for p in phases(config):
+    out.setdefault(p.config.seq_len, p.config)
   return out
 
 
@@ -206,7 +220,7 @@ def lr_schedule(config) -> optax.Schedule:
   plan = phases(config)
   if all(not p.learning_rate for p in plan):
     return run
-  pieces = [optim.schedule(kind, p.learning_rate, int(round(p.warmup_fraction * p.steps)), p.steps)
+  pieces = [optim.schedule(kind, p.learning_rate, p.warmup_steps, p.steps)
             if p.learning_rate else (lambda t, s=p.start: run(t + s)) for p in plan]
   return optax.join_schedules(pieces, [p.start for p in plan[1:]])
 

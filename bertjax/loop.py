@@ -167,10 +167,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
 
   # ---------------------------------------------------------------- Data (every phase's: a bad input fails now)
   t0 = time.time()
-  datasets = {}  # seq_len -> Dataset: the rows depend on a phase's seq_len only
-  for phase in plan:
-    if phase.config.seq_len not in datasets:
-      datasets[phase.config.seq_len] = pipeline.build(phase.config)
+  datasets = {seq_len: pipeline.build(c) for seq_len, c in config_lib.configs_by_seq_len(config).items()}
   tok = datasets[plan[0].config.seq_len].tokenizer
   if len({d.tokenizer.fingerprint for d in datasets.values()}) > 1:
     raise UserError("the phases' data were made with different tokenizers; prepare them with one "

@@ -31,8 +31,7 @@ def main(argv):
   from bertjax.data import prepare_lib
 
   out = os.path.abspath(os.path.expanduser(_OUT.value))
-  # The rows depend on a phase's seq_len only: one preparation per seq_len (the first phase's config).
-  by_seq_len = {p.config.seq_len: p.config for p in reversed(config_lib.phases(_CONFIG.value))}
+  by_seq_len = config_lib.configs_by_seq_len(_CONFIG.value)
   tokenizer = ""
   for seq_len, config in sorted(by_seq_len.items()):
     directory = out if len(by_seq_len) == 1 else os.path.join(out, f"seq_len_{seq_len}")

@@ -44,7 +44,7 @@ def recipe(config, model) -> list:
     fpt = flops.train_flops_per_token(model.cfg, c.seq_len, config_lib.max_predictions(c), model.generator,
                                       model.sentence_head)
     lr = (f"lr {phase.learning_rate:g} restarted ({config.optimizer.schedule}, warmup "
-          f"{round(phase.warmup_fraction * phase.steps):,})" if phase.learning_rate else
+          f"{phase.warmup_steps:,})" if phase.learning_rate else
           f"lr {config.learning_rate:g} ({config.optimizer.schedule}, warmup {config_lib.warmup_steps(config):,} of the "
           "run)")
     lines.append(f"phase {phase.index + 1}: {phase.steps:,} steps x batch {c.batch_size:,} x seq_len {c.seq_len}, "
