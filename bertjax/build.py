@@ -15,15 +15,17 @@ from flax import linen as nn
 
 from bertjax import config as config_lib, optim, sharding, step as step_lib
 from bertjax.data.tokenizer import SpecialIds
+from bertjax.model import attention as attention_lib
 from bertjax.model.pretrain import Pretrainer
 
 
-def make_model(config) -> Pretrainer:
-  """The pretraining model of a config (heads and generator follow from the objectives)."""
+def make_model(config, platform: str | None = None) -> Pretrainer:
+  """The pretraining model of a config (heads and generator follow from the objectives) for `platform`'s
+  attention implementation (default: JAX's backend)."""
   objectives = config_lib.active_objectives(config)
   return Pretrainer(
-      cfg=config_lib.encoder_config(config.model),
-      generator=config_lib.encoder_config(config.model, generator=True) if "rtd" in objectives else None,
+      cfg=config_lib.encoder_config(config.model, platform=platform),
+      generator=config_lib.encoder_config(config.model, generator=True, platform=platform) if "rtd" in objectives else None,
       sentence_head=bool({"nsp", "sop"} & set(objectives)),
       sample_temperature=config.model.sample_temperature,
   )
@@ -106,6 +108,20 @@ class Steps:
   eval: Jitted  # (params, batch, index) -> metric sums
 
 
+def mesh_platform(mesh) -> str:
+  """'cpu', 'gpu' or 'tpu': what the mesh's devices are (a TPU topology's, when aot compiles on a CPU host)."""
+  platform = mesh.devices.flat[0].platform
+  return "gpu" if platform in ("cuda", "rocm") else platform
+
+
+def attention_notice(config, mesh) -> str:
+  """The attention implementation a run on `mesh` uses, and why if not the requested one (one line); raises
+  UserError where the requested kernel cannot run there."""
+  m = config.model
+  impl, notice = attention_lib.resolve(m.attention, m.attention_dropout, mesh_platform(mesh), m.dtype)
+  return notice or f"attention: {impl}"
+
+
 def make_steps(config, mesh, special: SpecialIds) -> Steps:
   """Builds model, optimizer and the jitted init/train/eval steps with explicit shardings on `mesh`.
 
@@ -115,7 +131,7 @@ def make_steps(config, mesh, special: SpecialIds) -> Steps:
   """
   rules = sharding.config_rules(config)
   schedule = config_lib.lr_schedule(config)
-  model, tx = make_model(config), optim.make(config.optimizer, schedule)
+  model, tx = make_model(config, mesh_platform(mesh)), optim.make(config.optimizer, schedule)
   cfg = step_config(config, special)
   with nn.logical_axis_rules(rules):
     boxed = jax.eval_shape(functools.partial(init_state, model=model, tx=tx, config=config), jax.random.key(0))

@@ -7,6 +7,7 @@ combination is a command-line change: `--config.objectives.sop=1 --config.object
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
@@ -14,6 +15,7 @@ import optax
 from bertjax import masking, optim
 from bertjax.data import instances
 from bertjax.errors import UserError
+from bertjax.model import attention as attention_lib
 from bertjax.model.encoder import REMAT_POLICIES, SHARING_MODES, EncoderConfig
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -89,6 +91,9 @@ def defaults() -> ml_collections.ConfigDict:
       scan_unroll=0,  # layers per scan iteration (0: automatic); aot's cost estimate unrolls shallow copies
       activation="gelu",  # gelu (exact) | gelu_new (tanh approximation; some HF checkpoints)
       position_offset=0,  # first position id (RoBERTa checkpoints: 2)
+      # auto | xla | dot_product | cudnn | splash (bertjax.model.attention). auto: cuDNN flash attention on
+      # GPU, splash on TPU, xla on CPU; fused kernels need attention_dropout=0, else auto keeps xla.
+      attention="auto",
   )
   # Objectives: name -> weight; 0 switches one off.
   c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0)
@@ -118,9 +123,12 @@ def active_objectives(config) -> dict:
   return {k: float(v) for k, v in sorted(config.objectives.items()) if v}
 
 
-def encoder_config(m, generator: bool = False) -> EncoderConfig:
-  """The frozen EncoderConfig of the main network, or of the ELECTRA generator (widths scaled)."""
+def encoder_config(m, generator: bool = False, platform: str | None = None) -> EncoderConfig:
+  """The frozen EncoderConfig of the main network, or of the ELECTRA generator (widths scaled), with the
+  attention implementation that model.attention resolves to on `platform` (default: JAX's backend)."""
   f = m.generator_fraction if generator else 1.0
+  impl, _ = attention_lib.resolve(m.attention, m.attention_dropout, platform or jax.default_backend(), m.dtype,
+                                  strict=False)
   hidden = int(m.hidden_size * f)
   return EncoderConfig(
       vocab_size=m.vocab_size, hidden_size=hidden, num_layers=m.num_layers,
@@ -130,7 +138,7 @@ def encoder_config(m, generator: bool = False) -> EncoderConfig:
       layer_norm_eps=m.layer_norm_eps, init_std=m.init_std, sharing=m.sharing,
       num_groups=m.num_hidden_groups if m.sharing != "none" else 1, dtype=DTYPES[m.dtype], remat=m.remat,
       scan_unroll=m.scan_unroll,
-      activation=m.activation, position_offset=m.position_offset)
+      activation=m.activation, position_offset=m.position_offset, attention=impl)
 
 
 def phase(fraction: float, **values) -> dict:
@@ -283,6 +291,7 @@ def validate(config):
   _check(config.masking.max_predictions >= 0,
          f"masking.max_predictions={config.masking.max_predictions}; use >= 1, or 0 for ceil(seq_len x mask_prob)")
   _validate_phases(config)
+  attention_lib.check(m.attention, m.attention_dropout, m.dtype, [p.config.seq_len for p in phases(config)])
   _check(0 < config.data.eval_fraction < 1, f"data.eval_fraction={config.data.eval_fraction} must be in (0, 1)")
   _check(config.data.format in ("auto",) + instances.FORMATS,
          f"data.format={config.data.format!r}; use auto, electra, single, full_sentences or packed "

@@ -69,7 +69,10 @@ def hidden_states(config, params, input_ids, type_ids) -> np.ndarray:
 
 def attention_probs(config, params, input_ids, type_ids) -> np.ndarray:
   """Attention probabilities [layers, B, heads, S, S] of the main encoder for unpadded inputs: the
-  softmax each layer computes in the forward pass (rows sum to 1)."""
+  softmax each layer computes in the forward pass (rows sum to 1): the xla attention, the only one that forms
+  them, whatever model.attention says."""
+  config = config.copy_and_resolve_references()
+  config.model.attention = "xla"
   _, sown = _apply(config, _encode_fn, params, input_ids, type_ids, mutable=("intermediates",))
   found = [v for path, v in jax.tree_util.tree_leaves_with_path(sown["intermediates"]["encoder"])
            if any(getattr(k, "key", None) == "attention_probs" for k in path)]

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bertjax import sharding as sh
+from bertjax.model import attention as attention_lib
 
 SHARING_MODES = ("none", "all", "attention", "ffn")
 # Up to this depth the layer scan is unrolled (same parameters, initialization and randomness): a rolled
@@ -62,6 +63,7 @@ class EncoderConfig:
   activation: str = "gelu"  # gelu (exact erf, BERT) | gelu_new (tanh approximation, ALBERT)
   position_offset: int = 0  # first position id (HF RoBERTa counts from padding_idx + 1 = 2)
   scan_unroll: int = 0  # layers per scan iteration; 0: all of them up to UNROLL_MAX_LAYERS, else 1
+  attention: str = "xla"  # resolved implementation (bertjax.model.attention): xla | dot_product | cudnn | splash
 
   @property
   def head_dim(self) -> int:
@@ -293,18 +295,23 @@ class Attention(Block):
   """Multi-head self-attention with residual and post-LayerNorm (BERT's attention sub-layer)."""
 
   @nn.compact
-  def __call__(self, x, bias):
+  def __call__(self, x, mask):
+    """`mask`: the additive bias [B, 1, S, S] of `attention_bias` for the xla implementation, the groups
+    [B, S] for a fused one (`attention_mask`)."""
     c = self.cfg
     proj = lambda n: dense(c, c.hidden_size, (c.num_heads, c.head_dim), (sh.EMBED, sh.HEADS, sh.KV), n)
     q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
-    # Scores, mask and softmax in float32: bf16 softmax loses the small probabilities.
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-    probs = jax.nn.softmax(scores * c.head_dim**-0.5 + bias, axis=-1)
-    # Kept only when the caller asks for the "intermediates" collection (inference's attention maps);
-    # otherwise sow does nothing.
-    self.sow("intermediates", "attention_probs", probs)
-    probs = Dropout(c.attention_dropout)(probs, deterministic=self.deterministic)
-    ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
+    if c.attention == "xla":
+      # Scores, mask and softmax in float32: bf16 softmax loses the small probabilities.
+      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+      probs = jax.nn.softmax(scores * c.head_dim**-0.5 + mask, axis=-1)
+      # Kept only when the caller asks for the "intermediates" collection (inference's attention maps);
+      # otherwise sow does nothing.
+      self.sow("intermediates", "attention_probs", probs)
+      probs = Dropout(c.attention_dropout)(probs, deterministic=self.deterministic)
+      ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
+    else:  # a fused kernel: no [B, H, S, S] array, no attention dropout (config validation sees to it)
+      ctx = attention_lib.fused(c.attention, q, k, v, mask, c.head_dim**-0.5).astype(c.dtype)
     out = dense(c, (c.num_heads, c.head_dim), c.hidden_size, (sh.HEADS, sh.KV, sh.EMBED), "output")(ctx)
     out = Dropout(c.dropout)(out, deterministic=self.deterministic)
     return layer_norm(c, "ln")(x + out).astype(c.dtype)
@@ -341,11 +348,11 @@ class Layer(Block):
   """One transformer layer; blocks it does not own come in as `shared` parameters (ALBERT sharing)."""
 
   @nn.compact
-  def __call__(self, x, layer_index, bias, shared):
+  def __call__(self, x, layer_index, mask, shared):
     c = self.cfg
     group = layer_index * c.num_groups // c.num_layers  # ALBERT: consecutive layers form a group
     for name, block in BLOCKS.items():
-      args = (x, bias) if name == "attention" else (x,)
+      args = (x, mask) if name == "attention" else (x,)
       if name in shared:
         params = jax.tree.map(lambda p: p[group], shared[name])
         rngs = {} if self.deterministic else {"dropout": self.make_rng("dropout")}
@@ -364,6 +371,8 @@ class Layer(Block):
 
 def _stacked_init(block_cls, cfg: EncoderConfig, n: int):
   """Initializer of `n` stacked copies of a block's parameters, with a leading `layers` axis name."""
+
+  cfg = dataclasses.replace(cfg, attention="xla")  # the parameters do not depend on the implementation
 
   def init(rng):
     x = jnp.zeros((1, 1, cfg.hidden_size), cfg.dtype)
@@ -384,6 +393,12 @@ def attention_bias(groups):
   """
   allowed = (groups[:, :, None] == groups[:, None, :]) & (groups[:, None, :] > 0)
   return jnp.where(allowed, 0.0, -1e9).astype(jnp.float32)[:, None]
+
+
+def attention_mask(cfg: EncoderConfig, groups):
+  """What every layer's attention takes: the additive bias for the xla implementation, the groups
+  themselves (read as segment ids) for a fused kernel."""
+  return attention_bias(groups) if cfg.attention == "xla" else groups
 
 
 class Encoder(Block):
@@ -411,5 +426,5 @@ class Encoder(Block):
         unroll=layers_per_iteration(c),
     )
     x, _ = scanned(c, self.deterministic, name="layers")(
-        x, jnp.arange(c.num_layers), attention_bias(groups), shared)
+        x, jnp.arange(c.num_layers), attention_mask(c, groups), shared)
     return x
