@@ -68,10 +68,11 @@ def init_state(rng, model, tx, config) -> step_lib.TrainState:
 
 def step_config(config, special: SpecialIds) -> step_lib.StepConfig:
   """What the steps need besides model and optimizer: seed, masking (with the tokenizer's special ids),
-  weighted objectives, microbatches."""
+  weighted objectives, microbatches, and which steps the loop logs (phase ends and every log_every-th)."""
   return step_lib.StepConfig(
       seed=config.seed, masking=config_lib.masking_config(config, special),
-      objectives=tuple(config_lib.active_objectives(config).items()), grad_accum_steps=config.grad_accum_steps)
+      objectives=tuple(config_lib.active_objectives(config).items()), grad_accum_steps=config.grad_accum_steps,
+      report_every=config.log_every, report_at=tuple(p.end for p in config_lib.phases(config)))
 
 
 @dataclasses.dataclass(frozen=True)

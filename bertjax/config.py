@@ -207,12 +207,21 @@ def phase_at(config, step: int) -> Phase:
   return next((p for p in plan if p.start <= step < p.end), plan[-1])
 
 
-def phase_config(config, number: int) -> ml_collections.ConfigDict:
-  """Phase `number`'s config (1-based), for the CLIs that compile or time one shape (aot, bench: --phase)."""
+def phase_config(config, number: int = 0) -> ml_collections.ConfigDict:
+  """Phase `number`'s config (1-based), for the CLIs that compile or time one shape (aot, bench: --phase).
+  0: the phase trained at config.seq_len (so `--config.seq_len=512` picks BERT's second phase), or, where no
+  phase is, the run's own shapes as given."""
   plan = phases(config)
+  if number == 0:
+    at_seq_len = [p for p in plan if p.config.seq_len == config.seq_len]
+    if at_seq_len:
+      return at_seq_len[0].config
+    one = config.copy_and_resolve_references()
+    one.phases = ()
+    return one
   if not 1 <= number <= len(plan):
     raise UserError(f"--phase={number}, but the config has {len(plan)} phase{'s' if len(plan) > 1 else ''}; "
-                    f"use 1..{len(plan)}")
+                    f"use 1..{len(plan)}, or 0 for the phase at --config.seq_len")
   return plan[number - 1].config
 
 
