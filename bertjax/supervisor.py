@@ -93,7 +93,7 @@ def _die_with_parent():
   try:
     import ctypes
 
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
   except Exception:
     pass
 

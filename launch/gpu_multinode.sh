@@ -74,14 +74,16 @@ if [[ "${1:-}" == "--local" ]]; then
   for ((i = 0; i < n; i++)); do
     rc=0
     wait "${pids[i]}" || rc=$?
-    # Above 128: the process died of a signal, or a trapped signal interrupted `wait` while it runs on.
-    # Wait again until bash says it has no such child (127): the last status was the process's own.
-    while ((rc > 128)); do
+    # A trapped signal (forwarded above) makes `wait` return early, above 128, while the process runs on.
+    while ((rc > 128)) && kill -0 "${pids[i]}" 2>/dev/null; do
+      rc=0
+      wait "${pids[i]}" || rc=$?
+    done
+    if ((rc > 128)); then  # it ended meanwhile: bash kept its status (127 if bash has none)
       again=0
       wait "${pids[i]}" 2>/dev/null || again=$?
-      ((again != 127)) || break
-      rc="${again}"
-    done
+      ((again == 127)) || rc="${again}"
+    fi
     if ((rc != 0)); then
       echo "launch: process ${i} exited with ${rc}" >&2
       ((status != 0)) || status="${rc}"

@@ -164,7 +164,8 @@ class ArrayRows:
 
 
 class TracedRows:
-  """Rows that log every read: each `take` appends {"split", "rows": the row indices} as one JSON line to
+  """Rows that log every read: each `take` appends {"split", "of": the split's length, "rows": the row
+  indices} as one JSON line to
   `path`. A debug aid, switched on with BERTJAX_TRACE_ROWS=DIR (one file per process,
   DIR/rows-process-I.jsonl), with which a multi-process run shows what each process read."""
 
@@ -176,7 +177,7 @@ class TracedRows:
 
   def take(self, idx) -> dict:
     with open(self.path, "a") as f:
-      f.write(json.dumps(dict(split=self.split, rows=np.asarray(idx).tolist())) + "\n")
+      f.write(json.dumps(dict(split=self.split, of=len(self.rows), rows=np.asarray(idx).tolist())) + "\n")
     return self.rows.take(idx)
 
 
