@@ -28,7 +28,6 @@ LAUNCH = os.path.join(REPO, "launch", "gpu_multinode.sh")
 HEARTBEAT_S = 10  # jax.distributed's heartbeat timeout for these runs: how soon a lost peer is noticed
 FLAGS = ("--config.sharding=fsdp", "--config.log_every=1", "--config.eval_every=1000", "--config.checkpoint_every=2",
          f"--config.heartbeat_timeout={HEARTBEAT_S}", "--config.startup_timeout=300")
-SEED = 42  # configs/bert.py's
 
 
 def _free_port() -> int:
@@ -112,7 +111,7 @@ def test_a_lost_peer_ends_the_other_with_one_line_in_bounded_time(lost_peer):
   assert lost_peer["seconds"] < 2 * HEARTBEAT_S + 45, lost_peer["seconds"]
 
 
-def _expected_rows(of, step, batch_size, process, processes):
+def _expected_rows(of, step, batch_size, process, processes, seed):
   """The row indices `pipeline.batch_at` takes for `process` at `step`."""
   taken = []
 
@@ -124,21 +123,22 @@ def _expected_rows(of, step, batch_size, process, processes):
       taken.append(np.asarray(idx))
       return {}
 
-  pipeline.batch_at(Rows(), step, batch_size, SEED, process, processes)
+  pipeline.batch_at(Rows(), step, batch_size, seed, process, processes)
   return taken[0].tolist()
 
 
 def test_each_process_read_only_its_own_rows_of_every_global_batch(lost_peer):
   reads = {p: [json.loads(line) for line in open(lost_peer["trace"] / f"rows-process-{p}.jsonl")] for p in (0, 1)}
   train = {p: [r for r in reads[p] if r["split"] == "train"] for p in (0, 1)}
+  seed = json.load(open(lost_peer["workdir"] / "config.json"))["seed"]
   steps = min(len(train[0]), len(train[1]))
   assert steps >= 3
   for step in range(steps):
     mine, theirs = train[0][step]["rows"], train[1][step]["rows"]
     of = train[0][step]["of"]
     assert len(mine) == len(theirs) == 8  # batch 16 over 2 processes
-    assert mine == _expected_rows(of, step, 16, 0, 2) and theirs == _expected_rows(of, step, 16, 1, 2)
-    assert mine + theirs == _expected_rows(of, step, 16, 0, 1)  # together: exactly one process's batch
+    assert mine == _expected_rows(of, step, 16, 0, 2, seed) and theirs == _expected_rows(of, step, 16, 1, 2, seed)
+    assert mine + theirs == _expected_rows(of, step, 16, 0, 1, seed)  # together: exactly one process's batch
   assert not [r for r in reads[0] + reads[1] if r["split"] == "eval"]  # no eval before step 1000
 
 
