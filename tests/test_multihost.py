@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from conftest import MICRO_FLAGS, REPO, read_metrics, train_cli
-from bertjax.data import pipeline
+from bertjax import supervisor
+from bertjax.data import pipeline, shards
 
 LAUNCH = os.path.join(REPO, "launch", "gpu_multinode.sh")
 HEARTBEAT_S = 10  # jax.distributed's heartbeat timeout for these runs: how soon a lost peer is noticed
@@ -177,6 +178,49 @@ def test_the_two_process_checkpoint_resumes_in_one_process_at_the_same_next_step
   assert r.returncode == 0, r.stderr[-2000:]
   assert "resumed from" in r.stdout + r.stderr
   assert _loss(resumed, 3) == pytest.approx(_loss(lost_peer["workdir"], 3), rel=1e-5)
+
+
+def test_a_host_maps_only_the_shard_files_holding_its_rows(tmp_path):
+  """With `shards:`, a host opens a shard file only when one of its rows of the global batch is in it."""
+  dtype = shards.row_dtype([["input_ids", "<u2"]], 4)
+  writer = shards.ShardWriter(str(tmp_path), "train", dtype)
+  writer.rows_per_shard = 10  # 8 files of 10 rows
+  writer.write(shards.to_records({"input_ids": np.arange(320).reshape(80, 4) % 7}, dtype))
+  files = writer.close()
+  for process in range(4):
+    rows = shards.Rows(str(tmp_path), files, dtype)
+    batch = pipeline.batch_at(rows, 3, 8, 0, process, 4)  # 2 rows each of a global batch of 8
+    mine = _expected_rows(80, 3, 8, process, 4, 0)
+    assert (batch["input_ids"] == np.arange(320).reshape(80, 4)[mine] % 7).all()
+    assert rows.opened == sorted({files[i // 10]["file"] for i in mine})  # at most 2 of the 8 files
+
+
+def test_the_local_mode_gives_each_process_a_clusters_variables():
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "BERTJAX_", "JAX_"))}
+  r = subprocess.run([LAUNCH, "--dry-run", "--local", "2", "--config=configs/bert.py:tiny"], env=env,
+                     capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0, r.stderr
+  for i in (0, 1):
+    assert f"JAX_PROCESS_ID={i}\n" in r.stdout and f"launch: process {i} of 2: pid" in r.stderr
+  assert r.stdout.count("JAX_COORDINATOR_ADDRESS=127.0.0.1:12355\n") == 2 and r.stdout.count("JAX_NUM_PROCESSES=2") == 2
+  bad = subprocess.run([LAUNCH, "--local", "two"], env=env, capture_output=True, text=True, timeout=60)
+  assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --local takes the number of processes, got 'two'"]
+
+
+def test_the_supervisor_names_the_lost_process_from_jax_distributed_reports():
+  coordinator_report = ("E1123 07:37:16.083539   15850 coordination_service.cc:1549] [1788] Use error polling to "
+                        "propagate the following error to all tasks: UNAVAILABLE: The following tasks are unhealthy "
+                        "(stopped sending heartbeats):\n1\nThe tasks have crashed.\n")
+  assert supervisor._FATAL.search(coordinator_report.splitlines()[0])
+  assert supervisor.lost_process(coordinator_report, 0, 2) == "process 1"
+  assert supervisor.lost_process(coordinator_report.replace("\n1\n", "\n1,3\n"), 0, 4) == "processes 1, 3"
+  other_report = ("F1123 07:39:55.791128   21492 client.h:80] Terminating process because the JAX distributed service "
+                  "detected fatal errors. ... UNAVAILABLE: Failed to send RPC to coordination service. ... Socket closed")
+  assert supervisor.lost_process(other_report, 1, 4) == "process 0 (the coordinator)"
+  assert supervisor.lost_process("Traceback (most recent call last):\nValueError: x\n", 0, 2) is None
+  assert supervisor.wanted({"JAX_NUM_PROCESSES": "2"}) and not supervisor.wanted({"JAX_NUM_PROCESSES": "1"})
+  assert not supervisor.wanted({"JAX_NUM_PROCESSES": "2", "BERTJAX_SUPERVISED": "1"})
+  assert not supervisor.wanted({"JAX_NUM_PROCESSES": "2", "BERTJAX_SUPERVISE": "0"})
 
 
 # ---------------------------------------------------------------- slow: the heavier half
