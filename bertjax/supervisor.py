@@ -100,8 +100,9 @@ def _die_with_parent():
 
 def supervise(argv) -> int:
   """Runs `argv` (this process's own command line) as the supervised child; returns the exit code."""
-  process_id = int(os.environ.get("JAX_PROCESS_ID", "0") or 0)
-  num_processes = int(os.environ.get("JAX_NUM_PROCESSES", "1") or 1)
+  env = os.environ  # launch/ sets JAX_*; a TPU pod slice's workers have TPU_WORKER_ID and TPU_WORKER_HOSTNAMES
+  process_id = int(env.get("JAX_PROCESS_ID") or env.get("TPU_WORKER_ID") or 0)
+  num_processes = int(env.get("JAX_NUM_PROCESSES") or len(env.get("TPU_WORKER_HOSTNAMES", "").split(",")))
   child = subprocess.Popen(argv, env=dict(os.environ, **{_CHILD: "1"}), stderr=subprocess.PIPE,
                            preexec_fn=_die_with_parent)
   for sig in (signal.SIGTERM, signal.SIGINT):
