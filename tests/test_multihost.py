@@ -3,8 +3,9 @@ by jax.distributed on 127.0.0.1 with gloo collectives, started as a cluster star
 `launch/gpu_multinode.sh --local 2` (so the documented recipe is the tested one).
 
 In the suite: one 2-process run (tiny BERT, fsdp) that the test kills process 1 of after its step-2
-checkpoint, serving several checks (rows read, one log, complete checkpoints, the lost peer's one-line
-error in bounded time), and a 1-process 8-device run resumed from its checkpoint. `pytest -m slow`: the
+checkpoint, serving several checks (the lost peer's one-line error in bounded time, rows read, one log,
+complete checkpoints), and a 1-process 8-device run resumed from its checkpoint; plus cheap checks of the
+launcher's local mode, per-host shard files and the supervisor's parsing. `pytest -m slow`: the
 whole-trajectory comparison with a 1-process run, the reverse move (1 process -> 2), SIGTERM to both, and
 losing the coordinator.
 """
@@ -74,7 +75,7 @@ def logged_steps(workdir) -> list:
   return [m["step"] for m in read_metrics(workdir) if "train/loss" in m] if os.path.exists(path) else []
 
 
-def kill_after_checkpoint(tmp_path, name, victim, processes_log=None):
+def kill_after_checkpoint(tmp_path, name, victim):
   """A 2-process run that process `victim` is SIGKILLed in once checkpoint 2 is complete and step 3 is
   logged; returns what the checks need."""
   workdir, trace, log_path = tmp_path / name, tmp_path / f"{name}-rows", tmp_path / f"{name}.log"
@@ -92,16 +93,21 @@ def kill_after_checkpoint(tmp_path, name, victim, processes_log=None):
       proc.kill()
 
 
-@pytest.fixture(scope="module")
-def lost_peer(tmp_path_factory):
-  return kill_after_checkpoint(tmp_path_factory.mktemp("multihost"), "lost-peer", victim=1)
-
-
 def error_lines(output) -> list:
   return [line for line in output.splitlines() if line.startswith("error:")]
 
 
-def test_a_lost_peer_ends_the_other_with_one_line_in_bounded_time(lost_peer):
+def test_a_killed_two_process_run(tmp_path):
+  """One 2-process run, process 1 SIGKILLed after the step-2 checkpoint, checked four ways (one test, so
+  that pytest-xdist cannot run the 2-process run twice for tests on two workers)."""
+  run = kill_after_checkpoint(tmp_path, "lost-peer", victim=1)
+  check_a_lost_peer_ends_the_other_with_one_line_in_bounded_time(run)
+  check_each_process_read_only_its_own_rows_of_every_global_batch(run)
+  check_process_0_alone_logs_and_every_checkpoint_holds_both_processes(run)
+  check_the_two_process_checkpoint_resumes_in_one_process_at_the_same_next_step_loss(run, tmp_path)
+
+
+def check_a_lost_peer_ends_the_other_with_one_line_in_bounded_time(lost_peer):
   out = lost_peer["output"]
   assert lost_peer["rc"] == 75, out[-3000:]  # the survivor's exit code, which the launcher passes on
   assert "launch: process 0 exited with 75" in out
@@ -128,7 +134,7 @@ def _expected_rows(of, step, batch_size, process, processes, seed):
   return taken[0].tolist()
 
 
-def test_each_process_read_only_its_own_rows_of_every_global_batch(lost_peer):
+def check_each_process_read_only_its_own_rows_of_every_global_batch(lost_peer):
   reads = {p: [json.loads(line) for line in open(lost_peer["trace"] / f"rows-process-{p}.jsonl")] for p in (0, 1)}
   train = {p: [r for r in reads[p] if r["split"] == "train"] for p in (0, 1)}
   seed = json.load(open(lost_peer["workdir"] / "config.json"))["seed"]
@@ -143,7 +149,7 @@ def test_each_process_read_only_its_own_rows_of_every_global_batch(lost_peer):
   assert not [r for r in reads[0] + reads[1] if r["split"] == "eval"]  # no eval before step 1000
 
 
-def test_process_0_alone_logs_and_every_checkpoint_holds_both_processes(lost_peer):
+def check_process_0_alone_logs_and_every_checkpoint_holds_both_processes(lost_peer):
   workdir = lost_peer["workdir"]
   assert len([f for f in os.listdir(workdir) if f.startswith("events.out")]) == 1
   assert [f for f in os.listdir(workdir) if f.endswith(".jsonl")] == ["metrics.jsonl"]
@@ -168,7 +174,7 @@ def _loss(workdir, step):
   return next(m["train/loss"] for m in read_metrics(workdir) if m["step"] == step and "train/loss" in m)
 
 
-def test_the_two_process_checkpoint_resumes_in_one_process_at_the_same_next_step_loss(lost_peer, tmp_path):
+def check_the_two_process_checkpoint_resumes_in_one_process_at_the_same_next_step_loss(lost_peer, tmp_path):
   """Restore onto another topology: the last complete checkpoint of the killed 2-process run loads in one
   process of 8 devices, and its next step's loss is the 2-process run's."""
   resumed = _resume_copy(lost_peer["workdir"], tmp_path / "one", 2)
