@@ -15,6 +15,8 @@ runs itself as a child under this parent, which imports nothing heavy and
 - forwards SIGTERM and SIGINT to the child (a preempted slice: jax's preemption sync point then has
   every process save the same step and exit 0), and makes the child die with it (PR_SET_PDEATHSIG), so
   a parent killed by a scheduler leaves no orphan holding the devices;
+- says in one line (exit code 2) when the job could not be joined within the start-up timeout (a
+  process never started, a wrong coordinator address), which jax.distributed also ends from C++;
 - otherwise exits with the child's exit code (128 + N for a signal N, as a shell reports it).
 BERTJAX_SUPERVISE=0 runs without it (raw output, e.g. to debug jax.distributed itself).
 """
@@ -117,7 +119,13 @@ def supervise(argv) -> int:
       sys.stderr.flush()
   code = child.wait()
   code = 128 - code if code < 0 else code
-  lost = lost_process("".join(held), process_id, num_processes) if held else None
+  report = "".join(held)
+  if code != 0 and "CoordinationService/RegisterTask" in report:  # jax.distributed.initialize never completed
+    print(f"error: process {process_id} of {num_processes} could not join the job at "
+          f"{os.environ.get('JAX_COORDINATOR_ADDRESS', 'the coordinator')} within --config.startup_timeout: start the "
+          "same command on every process, with process 0 reachable at that address", file=sys.stderr, flush=True)
+    return 2
+  lost = lost_process(report, process_id, num_processes) if held else None
   if lost and code != 0:
     print(f"error: lost {lost} of {num_processes}: it stopped (killed, crashed or its host is gone), so process "
           f"{process_id} stopped too;{last_checkpoint(argv)} start the job again (the same command on every "

@@ -213,6 +213,21 @@ def test_the_local_mode_gives_each_process_a_clusters_variables():
   assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --local takes the number of processes, got 'two'"]
 
 
+def test_a_process_whose_peers_never_start_stops_with_one_line(tmp_path):
+  """Bounded start: joining gives up after --config.startup_timeout with one line, exit 2, nothing written."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "BERTJAX_", "JAX_"))}
+  env.update(JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="0", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{_free_port()}",
+             PYTHONPATH=REPO, BERTJAX_CACHE=os.environ["BERTJAX_CACHE"])
+  r = subprocess.run([sys.executable, "-m", "bertjax.train", "--config=configs/bert.py:tiny", "--config.startup_timeout=5",
+                      f"--workdir={tmp_path / 'run'}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+  assert r.returncode == 2, r.stderr[-2000:]
+  lines = [line for line in r.stderr.splitlines() if not line.startswith("[Gloo]")]
+  assert lines == [f"error: process 0 of 2 could not join the job at {env['JAX_COORDINATOR_ADDRESS']} within "
+                   "--config.startup_timeout: start the same command on every process, with process 0 reachable at "
+                   "that address"], lines
+  assert not (tmp_path / "run").exists()
+
+
 def test_the_supervisor_names_the_lost_process_from_jax_distributed_reports():
   coordinator_report = ("E1123 07:37:16.083539   15850 coordination_service.cc:1549] [1788] Use error polling to "
                         "propagate the following error to all tasks: UNAVAILABLE: The following tasks are unhealthy "
