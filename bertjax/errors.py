@@ -110,6 +110,10 @@ def run_config_workdir(example: str, workdir_help: str, entry: str):
   import importlib
   import os
 
+  from bertjax import supervisor
+
+  if supervisor.wanted():  # one process of several: run under a parent that reports a lost peer in one line
+    sys.exit(supervisor.supervise([sys.executable, *sys.orig_argv[1:]]))
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (tfds), if present, stays quiet
   from absl import flags
   from ml_collections import config_flags
@@ -123,9 +127,14 @@ def run_config_workdir(example: str, workdir_help: str, entry: str):
     del argv
     from bertjax import runtime
 
-    runtime.setup()  # platform, allocator, JAX flags, jax.distributed.initialize() on multi-host jobs
+    c = config.value  # platform, allocator, JAX flags, jax.distributed.initialize() on multi-host jobs:
+    runtime.setup(c.get("startup_timeout", 300.0), c.get("heartbeat_timeout", 100.0))
     where = workdir.value or default_workdir(flags.FLAGS["config"].config_filename)
     module, _, function = entry.partition(":")
-    getattr(importlib.import_module(module), function)(config.value, where)
+    try:
+      getattr(importlib.import_module(module), function)(config.value, where)
+    except Exception as e:
+      supervisor.await_lost_peer_report(e, c.get("heartbeat_timeout", 100.0))
+      raise
 
   run(main)
