@@ -80,10 +80,11 @@ def config_and_phase_flags(example: str, what: str):
   return phase_config
 
 
-def run_config_workdir(example: str, workdir_help: str, entry: str):
+def run_config_workdir(example: str, workdir_help: str, entry: str, pass_overridden: bool = False):
   """The whole of a `--config=... --workdir=...` CLI (train, finetune): defines both flags (required),
   parses them with one-line errors, sets up the process (`runtime.setup()`), then imports `entry`
-  ("module:function") and calls it with (config, workdir)."""
+  ("module:function") and calls it with (config, workdir), and with `pass_overridden` also
+  overridden= the config keys set on the command line ("model.hidden_size", ...)."""
   import importlib
   import os
 
@@ -102,6 +103,7 @@ def run_config_workdir(example: str, workdir_help: str, entry: str):
 
     runtime.setup()  # platform, allocator, JAX flags, jax.distributed.initialize() on multi-host jobs
     module, _, function = entry.partition(":")
-    getattr(importlib.import_module(module), function)(config.value, workdir.value)
+    extra = dict(overridden=frozenset(config_flags.get_override_values(flags.FLAGS["config"]))) if pass_overridden else {}
+    getattr(importlib.import_module(module), function)(config.value, workdir.value, **extra)
 
   run(main)

@@ -4,4 +4,4 @@ from bertjax.errors import run_config_workdir
 
 if __name__ == "__main__":
   run_config_workdir("configs/bert.py:base", "where metrics, TensorBoard events and checkpoints go",
-                     "bertjax.loop:train_and_evaluate")
+                     "bertjax.loop:train_and_evaluate", pass_overridden=True)
