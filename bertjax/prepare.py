@@ -4,7 +4,8 @@ Turns the corpus named by --config.data.source into pre-tokenized shards for tha
 instance format and tokenizer come from it), streaming, on every core; then train with
 `python -m bertjax.train --config=<same> --config.data.source=shards:DIR`. A config whose phases train at
 several seq_lens gets DIR/seq_len_N for each, made with one tokenizer (the first's); `shards:DIR` then
-serves every phase its own.
+serves every phase its own. `--config.data.tokenizer=hf:DIR` (or `--config.init_from=hf:DIR`) prepares with a
+published checkpoint's own tokenizer, for continued pretraining.
 """
 
 import os

@@ -82,14 +82,18 @@ def resolve(config, overridden=()):
                       f"({ARCHITECTURE[key]} in its config.json); drop the override: continued pretraining "
                       "keeps the checkpoint's architecture")
     c.model[key] = type(c.model[key])(value)
-  if not c.data.tokenizer and hf_tokenizer.has_tokenizer(main):
-    c.data.tokenizer = PREFIX + main
+  if not c.data.tokenizer:
+    if not hf_tokenizer.has_tokenizer(main) and not c.data.source.startswith("shards:"):
+      raise UserError(f"the checkpoint {main} has no tokenizer files (tokenizer.json, vocab.txt, spiece.model); "
+                      "copy them there or name its tokenizer with --config.data.tokenizer")
+    if hf_tokenizer.has_tokenizer(main):
+      c.data.tokenizer = PREFIX + main
   return c
 
 
-def _groups(paths) -> str:
-  """"mlm, sentence" for parameter paths (their top-level modules), or "nothing"."""
-  return ", ".join(sorted({p.split("/")[0] for p in paths})) or "nothing"
+def _groups(paths, depth: int = 1) -> str:
+  """"mlm, sentence" for parameter paths (their modules `depth` levels down), or "nothing"."""
+  return ", ".join(sorted({"/".join(p.split("/")[:depth]) for p in paths})) or "nothing"
 
 
 def load_params(config, params) -> tuple[dict, list]:
@@ -129,6 +133,6 @@ def load_params(config, params) -> tuple[dict, list]:
   if fresh:
     lines.append(f"freshly initialized (not in the checkpoint): {_groups(fresh)}")
   if unused or imported.unused:
-    lines.append(f"checkpoint weights this run does not train: {_groups(unused)}"
+    lines.append(f"checkpoint weights this run does not train: {_groups(unused, depth=2)}"
                  + (f"; unused tensors {', '.join(imported.unused)}" if imported.unused else ""))
   return out, lines
