@@ -221,12 +221,15 @@ def test_a_checkpoint_s_weights_go_into_the_run_as_they_are(family, tokenizer_di
     assert np.all(np.asarray(params["mlm"]["bias"]) == 7.0) and np.all(np.asarray(params["sentence"]["classifier"]["kernel"]) == 7.0)
   else:
     assert not fresh
-  written = convert.write_hf(config, params, str(tmp_path / "back"))
+  written = convert.write_hf(config, params, str(tmp_path / "back"), load_tokenizer(config.data.tokenizer))
   compared = 0
   for before, after in zip(dirs, written):
-    theirs, ours = safetensors_io.read_dir(before), safetensors_io.read_dir(after)
+    theirs = {("bert." if family == "bert-bare" else "") + k: v for k, v in safetensors_io.read_dir(before).items()}
+    ours = safetensors_io.read_dir(after)
     for key in set(theirs) & set(ours):
-      np.testing.assert_allclose(np.asarray(ours[key]), np.asarray(theirs[key]), atol=1e-6, err_msg=key)
+      # HF RoBERTa's position rows below pad_token_id + 1 are never used (bertjax exports them as zeros).
+      rows = slice(config.model.position_offset, None) if "position_embeddings" in key else slice(None)
+      np.testing.assert_allclose(np.asarray(ours[key])[rows], np.asarray(theirs[key])[rows], atol=1e-6, err_msg=key)
       compared += 1
   assert compared >= 20
 
