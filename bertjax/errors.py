@@ -80,11 +80,10 @@ def config_and_phase_flags(example: str, what: str):
   return phase_config
 
 
-def run_config_workdir(example: str, workdir_help: str, entry: str, pass_overridden: bool = False):
+def run_config_workdir(example: str, workdir_help: str, entry: str):
   """The whole of a `--config=... --workdir=...` CLI (train, finetune): defines both flags (required),
   parses them with one-line errors, sets up the process (`runtime.setup()`), then imports `entry`
-  ("module:function") and calls it with (config, workdir), and with `pass_overridden` also
-  overridden= the config keys set on the command line ("model.hidden_size", ...)."""
+  ("module:function") and calls it with (config, workdir)."""
   import importlib
   import os
 
@@ -103,7 +102,6 @@ def run_config_workdir(example: str, workdir_help: str, entry: str, pass_overrid
 
     runtime.setup()  # platform, allocator, JAX flags, jax.distributed.initialize() on multi-host jobs
     module, _, function = entry.partition(":")
-    extra = dict(overridden=frozenset(config_flags.get_override_values(flags.FLAGS["config"]))) if pass_overridden else {}
-    getattr(importlib.import_module(module), function)(config.value, workdir.value, **extra)
+    getattr(importlib.import_module(module), function)(config.value, workdir.value)
 
   run(main)
