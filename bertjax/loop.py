@@ -19,6 +19,7 @@ import ml_collections
 from bertjax import build, checkpoint, config as config_lib, flops, runtime, sharding
 from bertjax.data import instances, pipeline
 from bertjax.errors import UserError
+from bertjax.interop import init_from
 from bertjax.metrics import MetricWriter, finalize, sum_metrics
 from bertjax.model.pretrain import Pretrainer
 
@@ -137,14 +138,16 @@ class _Preemption:
     self.requested = True
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, overridden=()):
   """Pretrains as the config says, writing metrics, TensorBoard events and checkpoints to workdir.
 
+  `overridden`: the config keys set on the command line; with `init_from=hf:DIR` the checkpoint decides
+  the architecture, and such a key that disagrees with it is an error (bertjax.interop.init_from).
   The SIGTERM handler it installs for the run is undone on return, so a caller (a notebook, a test) keeps
   a clean process."""
   old_handler = signal.getsignal(signal.SIGTERM)
   try:
-    return _train_and_evaluate(config, workdir)
+    return _train_and_evaluate(init_from.resolve(config, overridden), workdir)
   finally:
     try:
       signal.signal(signal.SIGTERM, old_handler)
@@ -205,10 +208,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     writer.info(f"resumed from {ckpt.directory} at step {int(state.step)}")
   else:
     state = steps.init(jax.random.key(config.seed))
-    if config.init_from:
-      params = checkpoint.restore_params(config.init_from, steps.abstract_state.params)
+    if config.init_from:  # a bertjax workdir, or a published checkpoint (hf:DIR): what it lacks stays fresh
+      params, report = init_from.load_params(config, state.params)
       state = dataclasses.replace(state, params=params)
-      writer.info(f"initialized weights from {config.init_from}")
+      for line in report:
+        writer.info(line)
   man = manifest(config, tok, mesh, steps.model)
   n_params = sum(x.size for x in jax.tree.leaves(state.params))
   peak = flops.peak_flops(jax.devices()[0]) * n_dev
@@ -226,6 +230,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     ckpt.save(step, state, man, force=True)
 
   # ---------------------------------------------------------------- Train, phase by phase
+  if config.init_from and start == 0:  # the starting point's eval (step 0): what continued training changes
+    evaluate(0, current, datasets[current.config.seq_len])
   preemption = _Preemption()
   t_start = time.time()
   bad_in_a_row, prev_skipped = 0, None

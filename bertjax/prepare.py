@@ -4,7 +4,8 @@ Turns the corpus named by --config.data.source into pre-tokenized shards for tha
 instance format and tokenizer come from it), streaming, on every core; then train with
 `python -m bertjax.train --config=<same> --config.data.source=shards:DIR`. A config whose phases train at
 several seq_lens gets DIR/seq_len_N for each, made with one tokenizer (the first's); `shards:DIR` then
-serves every phase its own.
+serves every phase its own. `--config.data.tokenizer=hf:DIR` (or `--config.init_from=hf:DIR`) prepares with a
+published checkpoint's own tokenizer, for continued pretraining.
 """
 
 import os
@@ -30,8 +31,12 @@ def main(argv):
   from bertjax import config as config_lib
   from bertjax.data import prepare_lib
 
+  from bertjax.interop import init_from
+
   out = os.path.abspath(os.path.expanduser(_OUT.value))
-  by_seq_len = config_lib.configs_by_seq_len(_CONFIG.value)
+  # --config.init_from=hf:DIR: the checkpoint's tokenizer and vocabulary, as training will take them.
+  config = init_from.resolve(_CONFIG.value, frozenset(config_flags.get_override_values(flags.FLAGS["config"])))
+  by_seq_len = config_lib.configs_by_seq_len(config)
   tokenizer = ""
   for seq_len, config in sorted(by_seq_len.items()):
     directory = out if len(by_seq_len) == 1 else os.path.join(out, f"seq_len_{seq_len}")

@@ -2,6 +2,17 @@
 
 from bertjax.errors import run_config_workdir
 
+
+def train(config, workdir: str):
+  """The loop, told which config keys the command line set: with --config.init_from=hf:DIR the checkpoint
+  decides the architecture, and such a key that disagrees with it is an error (bertjax.interop.init_from)."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  from bertjax import loop
+
+  return loop.train_and_evaluate(config, workdir, frozenset(config_flags.get_override_values(flags.FLAGS["config"])))
+
+
 if __name__ == "__main__":
-  run_config_workdir("configs/bert.py:base", "where metrics, TensorBoard events and checkpoints go",
-                     "bertjax.loop:train_and_evaluate")
+  run_config_workdir("configs/bert.py:base", "where metrics, TensorBoard events and checkpoints go", "bertjax.train:train")

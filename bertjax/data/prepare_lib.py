@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from bertjax.data import instances, shards, sources
+from bertjax.data import hf_tokenizer, instances, shards, sources
 from bertjax.data.tokenizer import Tokenizer, load_tokenizer, reservoir_sample, train_sentencepiece
 from bertjax.errors import UserError
 
@@ -41,7 +41,8 @@ from bertjax.errors import UserError
 
 CHUNK_BYTES = 1 << 20  # text per work unit: big enough to amortize the hand-over, small enough to spread
 _EVAL_SPLIT_SEED = 1234  # held-out documents do not depend on the run's seed
-_OUR_FILES = (shards.METADATA, "tokenizer.model", "tokenizer.vocab", "vocab.txt")
+_HF_DIR = "tokenizer"  # an hf:DIR tokenizer's files, copied beside the shards
+_OUR_FILES = (shards.METADATA, "tokenizer.model", "tokenizer.vocab", "vocab.txt", _HF_DIR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +89,8 @@ def resolve_format(config) -> str:
 
 
 def check_vocab_size(tok: Tokenizer, vocab: int):
-  if tok.vocab_size != vocab:
+  # A published checkpoint may pad its embedding table beyond its tokenizer (rows no text reaches).
+  if tok.vocab_size != vocab and not (tok.kind == "hf" and tok.vocab_size < vocab):
     raise UserError(f"tokenizer {tok.spec()} has {tok.vocab_size} ids but config.model.vocab_size={vocab}; "
                     f"set --config.model.vocab_size={tok.vocab_size}")
 
@@ -203,9 +205,16 @@ def prepare_tokenizer(config, reader: sources.Reader, directory: str, tokenizer:
   tokenizer = tokenizer or d.tokenizer
   if tokenizer:
     tok = load_tokenizer(tokenizer)
-    name = "tokenizer.model" if tok.kind == "spm" else "vocab.txt"
-    shutil.copyfile(tok.path, os.path.join(directory, name))
-    spec = f"{tok.kind}:{name}" + (":cased" if tok.kind == "wordpiece" and not tok.lowercase else "")
+    if tok.kind == "hf":  # a checkpoint's tokenizer files, as they came (same bytes: same fingerprint)
+      os.makedirs(os.path.join(directory, _HF_DIR), exist_ok=True)
+      for name in hf_tokenizer.TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(tok.path, name)):
+          shutil.copyfile(os.path.join(tok.path, name), os.path.join(directory, _HF_DIR, name))
+      spec = f"hf:{_HF_DIR}"
+    else:
+      name = "tokenizer.model" if tok.kind == "spm" else "vocab.txt"
+      shutil.copyfile(tok.path, os.path.join(directory, name))
+      spec = f"{tok.kind}:{name}" + (":cased" if tok.kind == "wordpiece" and not tok.lowercase else "")
   else:
     lines = _sample_lines(reader, d.eval_fraction, d.tokenizer_sentences, config.seed)
     if not lines:
@@ -240,8 +249,11 @@ def _claim_directory(directory: str, overwrite: bool):
     raise UserError(f"{directory} already holds a preparation ({', '.join(sorted(ours)[:3])}, ...); "
                     "use another --out, or --overwrite to replace it")
   for name in [shards.METADATA] + ours:  # the metadata first: a crash after this leaves no false 'done'
-    if os.path.exists(os.path.join(directory, name)):
-      os.remove(os.path.join(directory, name))
+    path = os.path.join(directory, name)
+    if os.path.isdir(path):
+      shutil.rmtree(path)
+    elif os.path.exists(path):
+      os.remove(path)
 
 
 def _fields(fmt: str) -> list:

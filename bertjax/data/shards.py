@@ -5,7 +5,7 @@ Layout of a shards directory (what `python -m bertjax.prepare` writes):
   metadata.json          format, seq_len, tokenizer (spec relative to the directory, fingerprint, vocab
                          size), the row layout, the source and settings, counts, and the shard files of
                          each split; written last, so a directory without it is an unfinished preparation
-  tokenizer.model        the tokenizer (or vocab.txt for WordPiece); training uses it
+  tokenizer.model        the tokenizer (vocab.txt for WordPiece, tokenizer/ for a checkpoint's hf:DIR); training uses it
   train-00000.rows ...   rows of the train split; eval-00000.rows ... rows of the held-out documents
 
 A .rows file is a flat array of fixed-size records (numpy structured dtype, little-endian, no header), one

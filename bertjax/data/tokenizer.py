@@ -1,4 +1,5 @@
-"""One tokenizer interface over SentencePiece models and BERT WordPiece vocab.txt files, and SentencePiece training."""
+"""One tokenizer interface over SentencePiece models, BERT WordPiece vocab.txt files and published checkpoints'
+tokenizers (`hf:DIR`, bertjax.data.hf_tokenizer), and SentencePiece training."""
 
 import abc
 import dataclasses
@@ -18,7 +19,7 @@ from bertjax.errors import UserError
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _SPM_SPACE = "\u2581"  # how SentencePiece spells the space that begins a word
 _WORDPIECE_CONTINUATION = "##"
-_SPECS = '"spm:PATH", "wordpiece:PATH" or "wordpiece:PATH:cased"'
+_SPECS = '"spm:PATH", "wordpiece:PATH", "wordpiece:PATH:cased" or "hf:DIR" (a checkpoint\'s own tokenizer)'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Tokenizer(abc.ABC):
     vocab_size: the number of ids; every id is in [0, vocab_size).
     special: the ids of [PAD], [UNK], [CLS], [SEP] and [MASK].
     fingerprint: first 16 hex digits of the sha256 of the model / vocab file's bytes.
-    kind: "spm" or "wordpiece".
+    kind: "spm", "wordpiece" or "hf".
     path: the model / vocab file, as given.
   """
 
@@ -236,8 +237,9 @@ def load_tokenizer(spec: str) -> Tokenizer:
   """Loads a tokenizer from its spec.
 
   Args:
-    spec: "spm:PATH" (a SentencePiece .model), "wordpiece:PATH" (an uncased BERT vocab.txt) or
-      "wordpiece:PATH:cased" (a cased one).
+    spec: "spm:PATH" (a SentencePiece .model), "wordpiece:PATH" (an uncased BERT vocab.txt),
+      "wordpiece:PATH:cased" (a cased one) or "hf:DIR" (an HF checkpoint directory's own tokenizer:
+      tokenizer.json, vocab.txt or spiece.model, as transformers loads it; bertjax.data.hf_tokenizer).
 
   Returns:
     The tokenizer. UserError for a malformed spec, a missing file or a vocabulary without the special
@@ -249,6 +251,10 @@ def load_tokenizer(spec: str) -> Tokenizer:
   if kind == "wordpiece" and path:
     cased = path.endswith(":cased")
     return WordPieceTokenizer(path.removesuffix(":cased"), lowercase=not cased)
+  if kind == "hf" and path:
+    from bertjax.data import hf_tokenizer  # imports this module
+
+    return hf_tokenizer.from_dir(path)
   raise UserError(f"bad tokenizer spec {spec!r}; use {_SPECS}")
 
 

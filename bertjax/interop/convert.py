@@ -175,7 +175,7 @@ def read_hf(hf_dir: str, generator_dir: str = "", seed: int = 0) -> Imported:
     W.put(params, path, fresh_leaf(path, W.get(shapes, path).shape, config.model.init_std, seed))
   unused = sorted(n for n in tensors if n not in used and not n.endswith(_TIED))
   tok = None
-  if any(os.path.isfile(os.path.join(hf_dir, f)) for f in ("tokenizer.json", "vocab.txt", "spiece.model")):
+  if hf_tokenizers.has_tokenizer(hf_dir):
     tok = hf_tokenizers.from_dir(hf_dir)
     if tok.vocab_size > config.model.vocab_size:
       raise UserError(f"the tokenizer has {tok.vocab_size} ids but the model only {config.model.vocab_size}")

@@ -1,0 +1,167 @@
+"""A published checkpoint's own tokenizer (`hf:DIR`) behind bertjax's Tokenizer interface, for data and inference.
+
+tokenizer.json (HF's fast tokenizer: BERT WordPiece, RoBERTa byte-level BPE, ALBERT unigram) is read with the
+`tokenizers` library, so ids, normalization (casing, accents) and special tokens are exactly HF's; a bare
+vocab.txt becomes bertjax's WordPieceTokenizer, cased or not as tokenizer_config.json's do_lower_case says
+(BertTokenizer's default: lowercase); a directory with only spiece.model or vocab.json + merges.txt is
+converted by transformers, as `AutoTokenizer` would load it. The special-token ids ([CLS]/<s>, [SEP]/</s>,
+[MASK]/<mask>, [PAD]/<pad>, [UNK]/<unk>) come from tokenizer_config.json and go to masking and instances.
+"""
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import tokenizers
+
+from bertjax.data.tokenizer import SentencePieceTokenizer, SpecialIds, Tokenizer, WordPieceTokenizer
+from bertjax.errors import UserError
+
+# Special-token roles: the tokenizer_config.json key, and the spellings to try when the config names none.
+ROLES = {
+    "pad": ("pad_token", ("[PAD]", "<pad>")),
+    "unk": ("unk_token", ("[UNK]", "<unk>")),
+    "cls": ("cls_token", ("[CLS]", "<s>")),
+    "sep": ("sep_token", ("[SEP]", "</s>")),
+    "mask": ("mask_token", ("[MASK]", "<mask>")),
+}
+# The files a checkpoint's tokenizer may consist of (copied with it: into shards, workdirs, exports).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                   "vocab.json", "merges.txt", "spiece.model")
+_CONVERTED = ("spiece.model", "vocab.json")  # tokenizer files only transformers' converters read
+
+
+def _json(path: str) -> dict:
+  if not os.path.isfile(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+def _token_text(value):
+  """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+  return value.get("content") if isinstance(value, dict) else value
+
+
+def _converted(directory: str) -> str:
+  """tokenizer.json text for a directory without one, made by transformers from its slow-tokenizer files."""
+  try:
+    import transformers
+  except ImportError:
+    raise UserError(f"{directory} has no tokenizer.json, only {', '.join(n for n in _CONVERTED if os.path.isfile(os.path.join(directory, n)))}; "
+                    "pip install transformers (to convert it as HF does), or save the tokenizer with "
+                    "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)") from None
+  tok = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+  return tok.backend_tokenizer.to_str()
+
+
+class HFTokenizer(Tokenizer):
+  """An HF fast tokenizer (tokenizer.json) with bertjax's interface, plus HF's own pair template."""
+
+  kind = "hf"
+
+  def __init__(self, directory: str):
+    self.path = directory
+    path = os.path.join(directory, "tokenizer.json")
+    if os.path.isfile(path):
+      with open(path, "rb") as f:
+        data = f.read()
+      text = data.decode("utf-8")
+    else:  # spiece.model / vocab.json + merges.txt: what transformers makes of them
+      data = b"".join(open(os.path.join(directory, n), "rb").read() for n in TOKENIZER_FILES
+                      if os.path.isfile(os.path.join(directory, n)))
+      text = _converted(directory)
+    self.fingerprint = hashlib.sha256(data).hexdigest()[:16]
+    self._tok = tokenizers.Tokenizer.from_str(text)
+    self._tok.no_truncation()
+    self._tok.no_padding()
+    self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+    named = {**_json(os.path.join(directory, "special_tokens_map.json")),
+             **_json(os.path.join(directory, "tokenizer_config.json"))}
+    ids, self.tokens = {}, {}
+    for role, (key, spellings) in ROLES.items():
+      candidates = ([_token_text(named[key])] if named.get(key) else []) + list(spellings)
+      found = [(t, self._tok.token_to_id(t)) for t in candidates if t and self._tok.token_to_id(t) is not None]
+      if not found:
+        raise UserError(f"tokenizer in {directory} has no {role} token (tried {', '.join(filter(None, candidates))}); "
+                        f"set {key} in its tokenizer_config.json")
+      self.tokens[role], ids[role] = found[0]
+    self.special = SpecialIds(**ids)
+    vocab = self._tok.get_vocab(with_added_tokens=True)
+    # WordPiece continues a word with "##"; byte-level BPE ("\u0120") and SentencePiece ("\u2581") mark
+    # the space that starts one instead.
+    marks = ("\u0120", "\u2581")
+    space_marked = any(t.startswith(marks) for t in vocab)
+    specials = set(self.tokens.values())
+    self._word_start_table = np.ones(self.vocab_size, bool)
+    for token, i in vocab.items():
+      if i < self.vocab_size:
+        self._word_start_table[i] = (token.startswith(marks) or token in specials) if space_marked \
+            else not token.startswith("##")
+
+  def _encode_ids(self, text: str) -> list[int]:
+    # Fill-mask inputs spell the mask "[MASK]" whatever the checkpoint calls it (RoBERTa: "<mask>").
+    text = text.replace("[MASK]", self.tokens["mask"])
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def encode_pair(self, a: str, b: str | None, max_len: int) -> tuple[list, list]:
+    """(ids, type_ids) of one example with the checkpoint's own template ([CLS] A [SEP] B [SEP], or
+    RoBERTa's <s> A </s></s> B </s>), truncating the longer segment first to fit `max_len`."""
+    enc = [self._tok.encode(t, add_special_tokens=False) for t in ([a] if b is None else [a, b])]
+    budget = max_len - self._tok.num_special_tokens_to_add(b is not None)
+    lengths = truncated_lengths([len(e.ids) for e in enc], budget)
+    for e, n in zip(enc, lengths):
+      e.truncate(n)
+    out = self._tok.post_process(enc[0], enc[1] if len(enc) > 1 else None, add_special_tokens=True)
+    return out.ids, out.type_ids
+
+  def decode(self, ids) -> str:
+    return self._tok.decode([self._check_id(i) for i in ids if int(i) != self.special.pad], skip_special_tokens=False)
+
+  def id_to_token(self, i: int) -> str:
+    return self._tok.id_to_token(self._check_id(i))
+
+
+def truncated_lengths(lengths: list, budget: int) -> list:
+  """Segment lengths after HF's longest_first truncation: drop one token from the longest until they fit."""
+  lengths = list(lengths)
+  while sum(lengths) > budget and max(lengths) > 0:
+    lengths[lengths.index(max(lengths))] -= 1
+  return lengths
+
+
+def has_tokenizer(directory: str) -> bool:
+  """Whether an HF checkpoint directory holds tokenizer files bertjax can read."""
+  return any(os.path.isfile(os.path.join(directory, n)) for n in ("tokenizer.json", "vocab.txt") + _CONVERTED)
+
+
+def _importable(name: str) -> bool:
+  import importlib.util
+
+  return importlib.util.find_spec(name) is not None
+
+
+def _bertjax_spiece(directory: str) -> bool:
+  """A spiece.model as bertjax exports it (no lowercasing, accents kept), with no tokenizer.json."""
+  config = _json(os.path.join(directory, "tokenizer_config.json"))
+  return (os.path.isfile(os.path.join(directory, "spiece.model"))
+          and not os.path.isfile(os.path.join(directory, "tokenizer.json"))
+          and config.get("do_lower_case") is False and config.get("keep_accents") is True)
+
+
+def from_dir(directory: str) -> Tokenizer:
+  """The tokenizer of an HF checkpoint directory (see the module docstring); UserError if it has none."""
+  if not os.path.isdir(directory):
+    raise UserError(f"tokenizer directory {directory!r} does not exist; check the path in hf:DIR")
+  vocab = os.path.join(directory, "vocab.txt")
+  if not os.path.isfile(os.path.join(directory, "tokenizer.json")) and os.path.isfile(vocab):
+    config = _json(os.path.join(directory, "tokenizer_config.json"))
+    return WordPieceTokenizer(vocab, lowercase=config.get("do_lower_case", True))
+  spiece = os.path.join(directory, "spiece.model")
+  if _bertjax_spiece(directory) and not _importable("transformers"):
+    return SentencePieceTokenizer(spiece)  # bertjax's own export: read as transformers would read it
+  if has_tokenizer(directory):
+    return HFTokenizer(directory)
+  raise UserError(f"no tokenizer.json, vocab.txt or spiece.model in {directory!r}; copy the checkpoint's "
+                  "tokenizer files there")
