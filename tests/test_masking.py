@@ -101,8 +101,9 @@ def test_word_schemes_mask_whole_words(scheme):
   cand = ~np.isin(ids, SPECIAL)
   for b in range(32):
     words = _words(ws[b], cand[b])
-    for w in np.unique(words[chosen[b]]):
-      assert chosen[b][words == w].all(), f"{scheme}: word {w} partly masked"
+    partial = [w for w in np.unique(words[chosen[b]]) if not chosen[b][words == w].all()]
+    # SpanBERT stops its last span the moment the budget is full, inside a word if need be (one per row).
+    assert len(partial) <= (scheme == "span"), f"{scheme}: words {partial} partly masked"
 
 
 def _span_lengths(scheme, **kw):
@@ -157,7 +158,7 @@ def test_span_action_is_per_span():
   for b in range(B):
     words = _words(ws[b], cand[b])
     for w in np.unique(words[chosen[b]]):
-      toks = out["input_ids"][b][words == w]
+      toks = out["input_ids"][b][(words == w) & chosen[b]]  # (SpanBERT's budget may cut a word)
       is_mask = toks == MASK
       mixed += is_mask.any() and not is_mask.all()
   assert mixed == 0
