@@ -225,7 +225,7 @@ def shuffle_trigrams(rng, input_ids, free, cfg: MaskingConfig):
   top, which = jax.lax.top_k(key, most)
   starts = jnp.take_along_axis(slots, which, axis=1)
   used = top > 0
-  perm = _PERMUTATIONS[jax.random.randint(r_perm, (b, most), 0, len(_PERMUTATIONS))]  # [B, T, 3]
+  perm = jnp.asarray(_PERMUTATIONS)[jax.random.randint(r_perm, (b, most), 0, len(_PERMUTATIONS))]  # [B, T, 3]
   positions = jnp.where(used[..., None], starts[..., None] + jnp.arange(TRIGRAM), 0).astype(jnp.int32)
   sources = jnp.where(used[..., None], starts[..., None] + perm, 0)
   flat = lambda x: x.reshape(b, most * TRIGRAM)
