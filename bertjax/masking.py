@@ -68,7 +68,8 @@ def _budget(candidates, cfg):
   count = candidates.sum(-1)
   # SpanBERT's sampler takes ceil (facebookresearch/SpanBERT pretraining/fairseq/data/masking.py,
   # PairWithSpanMaskingScheme.mask: mask_num = math.ceil(sent_length * self.mask_ratio)); BERT rounds.
-  rounding = jnp.ceil if cfg.scheme == "span" else jnp.round
+  # (A float32 product a hair above a whole number, 100 x 0.15 = 15.0000006, is that number.)
+  rounding = (lambda x: jnp.ceil(x - 1e-4)) if cfg.scheme == "span" else jnp.round
   n = jnp.clip(rounding(count * cfg.mask_prob), 1, cfg.max_predictions).astype(jnp.int32)
   return jnp.minimum(n, count)
 

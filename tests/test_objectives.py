@@ -118,9 +118,8 @@ USES = {"mlm": {"mlm"}, "sbo": {"sbo_head"}, "wso": {"mlm"}, "sso": {"sentence"}
 
 
 def test_gradients_reach_only_the_heads_each_objective_uses():
-  config = micro("configs/spanbert.py:tiny", seq_len=S)
-  for name in ("wso", "sso"):
-    config.objectives[name] = 1.0
+  config = micro("configs/spanbert.py:tiny", seq_len=S, **{"model.num_layers": 1, "objectives.wso": 1.0,
+                                                           "objectives.sso": 1.0})
   model, params, cfg = _setup(config)
   labels = _batch(config)
   labels["sentence_label"] = jnp.asarray([0, 1, 2, 1], jnp.int32)
