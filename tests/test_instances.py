@@ -88,6 +88,20 @@ def test_sso_three_labels_are_balanced_and_correct_by_provenance():
       assert (b.min() > a.max()) if label == 0 else (b.max() < a.min()), f"label {label} disagrees with the order"
 
 
+def test_sentence_objectives_pick_their_pairs():
+  """Each sentence objective trains on the pairs of its name (SSO: next / previous / other document)."""
+  from bertjax.data import prepare_lib
+  from bertjax.errors import UserError
+  from conftest import load_config
+
+  assert prepare_lib.resolve_format(load_config("configs/structbert.py:tiny")) == "sso"
+  assert prepare_lib.resolve_format(load_config("configs/spanbert.py:tiny")) == "single"
+  both = load_config("configs/structbert.py:tiny")
+  both.objectives.nsp = 1.0
+  with pytest.raises(UserError, match="need different instances"):
+    prepare_lib.resolve_format(both)
+
+
 def test_rows_are_well_formed():
   arrays, _ = instances.make_instances(_docs(), "nsp", 64, SPECIAL, seed=0)
   for row in _rows(arrays)[:50]:
