@@ -142,8 +142,8 @@ def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
   total = args + temp + out - alias
   # v4/v5p megacore: one JAX device per chip, so the device has the chip's whole HBM.
   hbm = t["hbm_gib"] * gib
-  flops_per_token = flops.train_flops_per_token(steps.model.cfg, config.seq_len, steps.cfg.masking.max_predictions,
-                                                steps.model.generator, steps.model.sentence_head)
+  flops_per_token = flops.model_train_flops_per_token(steps.model, config.seq_len, steps.cfg.masking.max_predictions,
+                                                      steps.cfg.masking.max_shuffled)
   tokens = config.batch_size * config.seq_len
   model_step_flops = flops_per_token * tokens
   peak = t["peak"] * t["chips"]

@@ -76,8 +76,8 @@ def setup(config, batch_size: int = 0) -> Bench:
   mesh = sharding.make_mesh(config.sharding, overrides=dict(config.mesh))
   steps = build.make_steps(config, mesh, SPM_SPECIAL)
   batch = jax.device_put(synthetic_batch(config, config.batch_size), steps.batch_sharding)
-  fpt = flops.train_flops_per_token(steps.model.cfg, config.seq_len, steps.cfg.masking.max_predictions,
-                                    steps.model.generator, steps.model.sentence_head)
+  fpt = flops.model_train_flops_per_token(steps.model, config.seq_len, steps.cfg.masking.max_predictions,
+                                          steps.cfg.masking.max_shuffled)
   return Bench(steps, batch, config.batch_size, config.seq_len, fpt)
 
 

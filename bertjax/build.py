@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from bertjax import config as config_lib, optim, sharding, step as step_lib
+from bertjax import config as config_lib, masking, objectives as objectives_lib, optim, sharding, step as step_lib
 from bertjax.data.tokenizer import SpecialIds
 from bertjax.model import attention as attention_lib
 from bertjax.model.pretrain import Pretrainer
@@ -23,10 +23,14 @@ def make_model(config, platform: str | None = None) -> Pretrainer:
   """The pretraining model of a config (heads and generator follow from the objectives) for `platform`'s
   attention implementation (default: JAX's backend)."""
   objectives = config_lib.active_objectives(config)
+  sentence = [o for o in objectives_lib.SENTENCE_OBJECTIVES if o in objectives]
   return Pretrainer(
       cfg=config_lib.encoder_config(config.model, platform=platform),
       generator=config_lib.encoder_config(config.model, generator=True, platform=platform) if "rtd" in objectives else None,
-      sentence_head=bool({"nsp", "sop"} & set(objectives)),
+      sentence_head=bool(sentence),
+      sentence_classes=max([objectives_lib.SENTENCE_CLASSES[o] for o in sentence], default=2),
+      sbo="sbo" in objectives,
+      wso="wso" in objectives,
       sample_temperature=config.model.sample_temperature,
   )
 
@@ -34,10 +38,12 @@ def make_model(config, platform: str | None = None) -> Pretrainer:
 def dummy_batch(config, batch_size: int = 1) -> dict:
   """A batch of zeros with the shapes of a masked training batch (for init and shape inference)."""
   s, p = config.seq_len, config_lib.max_predictions(config)
+  q = masking.shuffle_slots(s, config.masking.wso_share)
   ints = lambda *shape: jnp.zeros(shape, jnp.int32)
   return dict(input_ids=ints(batch_size, s), original_ids=ints(batch_size, s), type_ids=ints(batch_size, s),
               groups=jnp.ones((batch_size, s), jnp.int32), mlm_positions=ints(batch_size, p),
-              mlm_weights=jnp.zeros((batch_size, p)))
+              mlm_weights=jnp.zeros((batch_size, p)), span_left=ints(batch_size, p), span_right=ints(batch_size, p),
+              wso_positions=ints(batch_size, max(q, 1)))
 
 
 def host_batch_spec(config, batch_size: int) -> dict:

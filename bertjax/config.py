@@ -67,6 +67,7 @@ def defaults() -> ml_collections.ConfigDict:
       max_ngram=3,  # ngram scheme
       span_p=0.2,  # span scheme: geometric parameter
       max_span=10,  # span scheme: longest span in words
+      wso_share=0.05,  # objective wso: share of the unmasked trigrams shuffled (StructBERT: 5%)
   )
   # Model.
   c.model = dict(
@@ -96,7 +97,7 @@ def defaults() -> ml_collections.ConfigDict:
       attention="auto",
   )
   # Objectives: name -> weight; 0 switches one off.
-  c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0)
+  c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0)
   # Optimizer.
   c.optimizer = dict(
       name="adamw",  # adamw | lamb
@@ -255,7 +256,15 @@ def masking_config(config, special) -> masking.MaskingConfig:
       special_ids=special.never_masked, mask_id=special.mask, vocab_size=config.model.vocab_size,
       scheme=k.scheme, mask_prob=k.mask_prob, max_predictions=max_predictions(config),
       mask_token_prob=k.mask_token_prob, random_token_prob=k.random_token_prob, max_ngram=k.max_ngram,
-      span_p=k.span_p, max_span=k.max_span)
+      span_p=k.span_p, max_span=k.max_span, **_shuffling(config))
+
+
+def _shuffling(config) -> dict:
+  """StructBERT's trigram shuffling, on while the wso objective is."""
+  if "wso" not in active_objectives(config):
+    return dict(shuffle_share=0.0, max_shuffled=0)
+  return dict(shuffle_share=config.masking.wso_share,
+              max_shuffled=masking.shuffle_slots(config.seq_len, config.masking.wso_share))
 
 
 def _check(ok: bool, message: str):
@@ -280,16 +289,23 @@ def validate(config):
   _check(0 < config.masking.mask_prob < 1, f"masking.mask_prob={config.masking.mask_prob} must be in (0, 1)")
   _check(config.masking.mask_token_prob + config.masking.random_token_prob <= 1,
          "masking.mask_token_prob + masking.random_token_prob must not exceed 1")
-  unknown = set(config.objectives) - {"mlm", "nsp", "sop", "rtd"}
-  _check(not unknown, f"unknown objectives {sorted(unknown)}; use mlm, nsp, sop, rtd")
+  known = ("mlm", "nsp", "sop", "rtd", "sbo", "wso", "sso")
+  unknown = set(config.objectives) - set(known)
+  _check(not unknown, f"unknown objectives {sorted(unknown)}; use {', '.join(known)}")
   objectives = active_objectives(config)
   _check(bool(objectives), "no objective has a nonzero weight; set e.g. --config.objectives.mlm=1")
   _check("mlm" in objectives, "every setup here trains an MLM head (ELECTRA's generator included); set --config.objectives.mlm")
   _check(("rtd" in objectives) == (m.generator_fraction > 0),
          "the rtd objective needs a generator and a generator needs rtd: set both "
          "--config.objectives.rtd and --config.model.generator_fraction, or neither")
-  _check(m.type_vocab_size >= 2 or not ({"nsp", "sop"} & set(objectives)),
-         "NSP/SOP pairs need model.type_vocab_size >= 2")
+  _check(m.type_vocab_size >= 2 or not ({"nsp", "sop", "sso"} & set(objectives)),
+         "NSP/SOP/SSO pairs need model.type_vocab_size >= 2")
+  for name in ("sbo", "wso"):
+    _check(name not in objectives or "rtd" not in objectives,
+           f"the {name} objective decodes through the MLM head on the main encoder, which ELECTRA's discriminator "
+           f"lacks; switch off --config.objectives.{name} or --config.objectives.rtd")
+  _check("wso" not in objectives or 0 < config.masking.wso_share < 1,
+         f"masking.wso_share={config.masking.wso_share} must be in (0, 1) for the wso objective")
   _check(config.optimizer.name in ("adamw", "lamb"), f"optimizer.name={config.optimizer.name!r}; use adamw or lamb")
   _check(config.optimizer.schedule in optim.SCHEDULES,
          f"optimizer.schedule={config.optimizer.schedule!r}; use one of {', '.join(optim.SCHEDULES)}")

@@ -2,7 +2,8 @@
 
 Counts matrix multiplies only (2 FLOPs per multiply-add), as MFU conventions do: per layer the four
 attention projections, QK^T and PV over the sequence, and the FFN; the E->H projection; the MLM head on
-the `max_predictions` gathered positions only; the RTD/sentence heads. ALBERT sharing changes none of it.
+the `max_predictions` gathered positions only; the RTD/sentence heads; SpanBERT's SBO head on the same
+positions; StructBERT's shuffled positions through the MLM head. ALBERT sharing changes none of it.
 """
 
 from bertjax.model.encoder import EncoderConfig
@@ -21,18 +22,38 @@ def mlm_head_forward_flops(c: EncoderConfig, seq_len: int, max_predictions: int)
   return per_position * max_predictions / seq_len
 
 
+def sbo_head_forward_flops(c: EncoderConfig, seq_len: int, max_predictions: int) -> float:
+  """SpanBERT's SBO head on every MLM slot: (2H + 200) -> H -> E, then the tied decoder."""
+  from bertjax.model.heads import SBO_POSITION_SIZE
+
+  h, e = c.hidden_size, c.embedding_size
+  per_position = 2 * ((2 * h + SBO_POSITION_SIZE) * h + h * e + e * c.vocab_size)
+  return per_position * max_predictions / seq_len
+
+
 def train_flops_per_token(main: EncoderConfig, seq_len: int, max_predictions: int, generator=None,
-                          sentence_head: bool = False) -> float:
-  """Training FLOPs per token (3x the forward pass) of the whole pretraining model."""
+                          sentence_head: bool = False, *, sentence_classes: int = 2, sbo: bool = False,
+                          wso_positions: int = 0) -> float:
+  """Training FLOPs per token (3x the forward pass) of the whole pretraining model (`wso_positions`: the
+  shuffled positions per example that the MLM head also decodes)."""
   fwd = encoder_forward_flops(main, seq_len)
   if generator is None:
-    fwd += mlm_head_forward_flops(main, seq_len, max_predictions)
+    fwd += mlm_head_forward_flops(main, seq_len, max_predictions + wso_positions)
   else:
     fwd += encoder_forward_flops(generator, seq_len) + mlm_head_forward_flops(generator, seq_len, max_predictions)
     fwd += 2 * (main.hidden_size * main.hidden_size + main.hidden_size)  # RTD head on every token
   if sentence_head:
-    fwd += 2 * (main.hidden_size * main.hidden_size + 2 * main.hidden_size) / seq_len
+    fwd += 2 * (main.hidden_size * main.hidden_size + sentence_classes * main.hidden_size) / seq_len
+  if sbo:
+    fwd += sbo_head_forward_flops(main, seq_len, max_predictions)
   return 3.0 * fwd
+
+
+def model_train_flops_per_token(model, seq_len: int, max_predictions: int, wso_positions: int = 0) -> float:
+  """train_flops_per_token of a built Pretrainer, its heads as the model has them."""
+  return train_flops_per_token(model.cfg, seq_len, max_predictions, model.generator, model.sentence_head,
+                               sentence_classes=model.sentence_classes, sbo=model.sbo,
+                               wso_positions=wso_positions if model.wso else 0)
 
 
 # Peak dense bf16 FLOP/s per device, by jax device_kind prefix (for MFU; CPU has none: bench measures it).

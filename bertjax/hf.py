@@ -60,6 +60,9 @@ def run_command(command: str):
     loaded = load(workdir=_WORKDIR.value)
     for directory in write_hf(loaded.config, loaded.params, _OUT.value, loaded.tokenizer):
       print(f"wrote {directory}")
+    missing = convert.heads_without_hf(loaded.config)
+    if missing:
+      print(f"not exported (no HF counterpart): {'; '.join(missing)}")
   elif command == "encode":
     _require(_TEXT.value, "text", command)
     _require(_OUT.value, "out", command)

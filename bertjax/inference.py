@@ -103,7 +103,7 @@ def encode(loaded: Loaded, text: str) -> np.ndarray:
 
 def logits(config, params, input_ids, type_ids) -> dict:
   """The pretraining heads' logits for unpadded inputs, every position scored: `mlm` [B, S, V] (ELECTRA:
-  the generator's), and as the model has them `sentence` [B, 2] (NSP/SOP) and `rtd` [B, S]."""
+  the generator's), and as the model has them `sentence` [B, 2] (NSP/SOP; [B, 3] SSO) and `rtd` [B, S]."""
   return jax.tree.map(np.asarray, _apply(config, "score", params, input_ids, type_ids))
 
 

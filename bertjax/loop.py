@@ -44,7 +44,8 @@ def manifest(config, tokenizer, mesh, model: Pretrainer) -> dict:
     networks = {"discriminator": ["embeddings", "encoder", "rtd"] + (["sentence"] if model.sentence_head else []),
                 "generator": ["embeddings", "generator_encoder", "generator_mlm"]}
   else:
-    networks = {"encoder": ["embeddings", "encoder", "mlm"] + (["sentence"] if model.sentence_head else [])}
+    networks = {"encoder": ["embeddings", "encoder", "mlm"] + (["sentence"] if model.sentence_head else [])
+                + (["sbo_head"] if model.sbo else [])}
   return dict(config=json.loads(config.to_json()), bertjax=bertjax.__version__, git_commit=commit,
               jax=jax.__version__, flax=flax.__version__, optax=optax.__version__, orbax=ocp.__version__,
               tokenizer=dict(spec=tokenizer.spec(), fingerprint=tokenizer.fingerprint, vocab_size=tokenizer.vocab_size),
@@ -101,6 +102,8 @@ def describe_data(data: pipeline.Dataset) -> str:
           f"documents too short for a pair {train.too_short_documents}; tokenizer {data.tokenizer.spec()}")
   if data.stats["format"] == "electra":
     line += "; train " + instances.describe_electra(train)
+  if data.stats["format"] == "sso":
+    line += f"; train label-2 (other document) share {train.other_document / max(train.instances, 1):.3f}"
   if src.invalid_lines:
     line += f"; {src.invalid_lines} lines of invalid UTF-8 skipped"
   return line
@@ -241,8 +244,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       steps, current = build.make_steps(pc, mesh, tok.special), phase
     data = datasets[pc.seq_len]
     tokens_per_step = pc.batch_size * pc.seq_len
-    flops_per_token = flops.train_flops_per_token(
-        steps.model.cfg, pc.seq_len, steps.cfg.masking.max_predictions, steps.model.generator, steps.model.sentence_head)
+    flops_per_token = flops.model_train_flops_per_token(
+        steps.model, pc.seq_len, steps.cfg.masking.max_predictions, steps.cfg.masking.max_shuffled)
     writer.info(f"{describe_phase(phase, len(plan))}; {flops_per_token / 1e6:.1f} MFLOPs/token (train)")
     pending, t_log, step_log = [], time.time(), max(start, phase.start)
     for step in range(max(start, phase.start), phase.end):

@@ -73,7 +73,9 @@ def apply_masking(rng, batch, cfg: StepConfig):
   """The batch with MLM masking applied on device (original ids kept for labels and RTD)."""
   masked = masking.mask_batch(rng, batch["input_ids"], batch["word_start"], cfg.masking)
   out = dict(batch, original_ids=batch["input_ids"], **masked)
-  out["mlm_weights"] = masked["mlm_weights"] * batch["example_weight"][:, None]  # padded eval rows
+  for key in ("mlm_weights", "span_weights", "wso_weights"):  # padded eval rows weigh 0
+    if key in out:
+      out[key] = masked[key] * batch["example_weight"][:, None]
   return out
 
 

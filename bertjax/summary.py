@@ -11,7 +11,7 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import build, config as config_lib, flops, runtime
+from bertjax import build, config as config_lib, flops, masking, runtime
 from bertjax.errors import cli, run
 
 # Top-level modules of each network (ELECTRA); the rest of the models are one network.
@@ -41,8 +41,8 @@ def recipe(config, model) -> list:
     c = phase.config
     tokens = phase.steps * c.batch_size * c.seq_len
     total += tokens
-    fpt = flops.train_flops_per_token(model.cfg, c.seq_len, config_lib.max_predictions(c), model.generator,
-                                      model.sentence_head)
+    fpt = flops.model_train_flops_per_token(model, c.seq_len, config_lib.max_predictions(c),
+                                            masking.shuffle_slots(c.seq_len, c.masking.wso_share))
     lr = (f"lr {phase.learning_rate:g} restarted ({config.optimizer.schedule}, warmup "
           f"{phase.warmup_steps:,})" if phase.learning_rate else
           f"lr {config.learning_rate:g} ({config.optimizer.schedule}, warmup {config_lib.warmup_steps(config):,} of the "
@@ -50,6 +50,23 @@ def recipe(config, model) -> list:
     lines.append(f"phase {phase.index + 1}: {phase.steps:,} steps x batch {c.batch_size:,} x seq_len {c.seq_len}, "
                  f"max_predictions {config_lib.max_predictions(c)}: {tokens:,} tokens, {fpt:,.0f} train FLOPs/token; {lr}")
   lines.append(f"recipe: {len(plan)} phase{'s' if len(plan) > 1 else ''}, {config.total_steps:,} steps, {total:,} tokens")
+  return lines
+
+
+def heads(config, model, params) -> list:
+  """A line for each head the BERT-family variants add (SpanBERT's SBO, StructBERT's WSO and SSO): its
+  parameters and its share of the training FLOPs per token (of the first phase's shapes)."""
+  c = config_lib.phases(config)[0].config
+  p, q = config_lib.max_predictions(c), masking.shuffle_slots(c.seq_len, c.masking.wso_share)
+  lines = []
+  if model.sbo:
+    fpt = 3 * flops.sbo_head_forward_flops(model.cfg, c.seq_len, p)
+    lines.append(f"sbo head: {count(params['sbo_head']):,} params, {fpt:,.0f} train FLOPs/token")
+  if model.wso:
+    fpt = 3 * flops.mlm_head_forward_flops(model.cfg, c.seq_len, q)
+    lines.append(f"wso: the MLM head (no params of its own) on {q} shuffled positions, {fpt:,.0f} train FLOPs/token")
+  if model.sentence_head and model.sentence_classes == 3:
+    lines.append(f"sso head (pooler + 3-way classifier): {count(params['sentence']):,} params")
   return lines
 
 
@@ -61,6 +78,7 @@ def summarize(config) -> str:
   lines += [f"{name:<48} {n:>14,}" for name, n in table(params)]
   lines.append("-" * 63)
   lines += recipe(config, model)
+  lines += heads(config, model, params)
   if model.generator is not None:
     pick = lambda names: {k: v for k, v in params.items() if k in names}
     lines.append(f"generator params: {count(pick(GENERATOR))}")

@@ -50,13 +50,16 @@ def main():
   assert jax.device_count() == 8, jax.device_count()
   results = {}
   families = {"bert": micro("configs/bert.py:tiny"), "albert": micro("configs/albert.py:tiny"),
-              "electra": micro("configs/electra.py:tiny")}
+              "electra": micro("configs/electra.py:tiny"),
+              # SpanBERT's SBO with StructBERT's WSO and SSO: every head the BERT variants add, in one model.
+              "spanbert_structbert": micro("configs/spanbert.py:tiny", **{"objectives.wso": 1.0, "objectives.sso": 1.0})}
   for name, config in families.items():
     config.model.dropout = config.model.attention_dropout = 0.0
     config.batch_size = 16
     ref_losses, ref_state = run(config, jax.devices()[:1], "dp")
     # dp shards nothing but the batch, which every preset splits: one family shows it (compiles are the cost).
-    for preset in ("dp", "fsdp", "fsdp_tp") if name == "bert" else ("fsdp", "fsdp_tp"):
+    presets = {"bert": ("dp", "fsdp", "fsdp_tp"), "spanbert_structbert": ("fsdp_tp",)}.get(name, ("fsdp", "fsdp_tp"))
+    for preset in presets:
       losses, state = run(config, jax.devices(), preset)
       diff = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
                  for a, b in zip(jax.tree.leaves(ref_state.params), jax.tree.leaves(state.params)))

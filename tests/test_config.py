@@ -32,6 +32,9 @@ BAD = [
     ({"phases": ({"fraction": 1.0, "seq_len": 64},)}, "make each phase with bertjax.config.phase"),
     ({"data.format": "electra2"}, "use auto, electra, single"),
     ({"data.format": "electra", "objectives.nsp": 0.0, "model.type_vocab_size": 1}, "type_vocab_size=2"),
+    ({"objectives.span": 1.0}, "use mlm, nsp, sop, rtd, sbo, wso, sso"),
+    ({"objectives.sbo": 1.0, "objectives.rtd": 50.0, "model.generator_fraction": 0.25}, "ELECTRA's discriminator"),
+    ({"objectives.wso": 1.0, "masking.wso_share": 0.0}, "masking.wso_share=0.0 must be in"),
 ]
 
 
@@ -54,9 +57,48 @@ def test_invalid_configs_are_refused_with_the_fix(overrides, message):
 
 @pytest.mark.parametrize("spec", ["configs/bert.py:tiny", "configs/bert.py:base", "configs/albert.py:xxlarge",
                                   "configs/electra.py:large", "configs/roberta.py:base", "configs/bert.py:large_lamb",
-                                  "configs/bert.py:tiny_two_phase"])
+                                  "configs/bert.py:tiny_two_phase", "configs/spanbert.py:tiny",
+                                  "configs/spanbert.py:large", "configs/structbert.py:tiny",
+                                  "configs/structbert.py:large"])
 def test_shipped_configs_are_valid(spec):
   config_lib.validate(load_config(spec))
+
+
+# SpanBERT and StructBERT have no HF pretraining class: their counts are HF's for what maps (the encoder and MLM
+# head: BertForMaskedLM; with StructBERT's pooler, BertForPreTraining) plus the heads HF lacks, counted by hand.
+def _sbo_head(h, vocab):  # position table 20 x 200; (2H + 200) -> H, LN, H -> H, LN; output bias
+  return 20 * 200 + (2 * h + 200) * h + h + 2 * h + h * h + h + 2 * h + vocab
+
+
+BERT_FOR_MASKED_LM_CASED = {"base": 108_340_804, "large": 333_610_308}  # vocab 28996 (bert-*-cased)
+BERT_FOR_PRETRAINING = {"base": 110_106_428, "large": 336_226_108}  # vocab 30522 (bert-*-uncased)
+NEW_FAMILY_PARAMS = {
+    "configs/spanbert.py:base": 110_301_480,
+    "configs/spanbert.py:large": 336_999_976,
+    "configs/spanbert.py:tiny": 818_880,
+    "configs/structbert.py:base": 110_107_197,
+    "configs/structbert.py:large": 336_227_133,
+    "configs/structbert.py:tiny": 754_259,
+}
+
+
+@pytest.mark.parametrize("spec", sorted(NEW_FAMILY_PARAMS))
+def test_spanbert_and_structbert_parameter_counts_from_summary(spec):
+  from bertjax import summary
+
+  text = summary.summarize(load_config(spec))
+  assert f"params: {NEW_FAMILY_PARAMS[spec]}" in text.splitlines()
+  variant = spec.rsplit(":", 1)[1]
+  h = {"base": 768, "large": 1024, "tiny": 128}[variant]
+  if "spanbert" in spec:
+    sbo = _sbo_head(h, 28996 if variant != "tiny" else 2000)
+    assert f"sbo head: {sbo:,} params" in text
+    if variant != "tiny":
+      assert NEW_FAMILY_PARAMS[spec] == BERT_FOR_MASKED_LM_CASED[variant] + sbo
+  else:
+    assert "wso: the MLM head (no params of its own)" in text and "sso head (pooler + 3-way classifier)" in text
+    if variant != "tiny":
+      assert NEW_FAMILY_PARAMS[spec] == BERT_FOR_PRETRAINING[variant] + h + 1  # a third class: one more row
 
 
 # RoBERTa as published: Liu et al. 2019 (arXiv:1907.11692) Table 9, pretraining hyperparameters, and §3.1

@@ -138,6 +138,26 @@ def test_export_loads_in_transformers_with_same_logits(family, tmp_path):
     np.testing.assert_allclose(hf.logits(gen.config, gen.params, ids, types)["mlm"], ours["mlm"], atol=1e-5)
 
 
+def test_spanbert_structbert_export_the_encoder_and_mlm_head_and_name_the_rest(tmp_path, capsys):
+  """SBO and the 3-way SSO head have no transformers class: the export is a BertForMaskedLM (the encoder and
+  the MLM head, which WSO trains too) giving our MLM logits, and `heads_without_hf` names the heads left out."""
+  config = micro("configs/spanbert.py:tiny", **{"objectives.wso": 1.0, "objectives.sso": 1.0})
+  config.model.vocab_size = 500
+  params = _random_params(config)
+  assert {"sbo_head", "sentence"} <= set(params)
+  out = str(tmp_path / "hf")
+  convert.write_hf(config, params, out)
+  model = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
+  assert type(model).__name__ == "BertForMaskedLM"
+  ids = np.random.default_rng(1).integers(5, config.model.vocab_size, (2, 24))
+  types = np.zeros_like(ids)
+  with torch.no_grad():
+    theirs = model(torch.tensor(ids), token_type_ids=torch.tensor(types)).logits.numpy()
+  assert np.abs(theirs - hf.logits(config, params, ids, types)["mlm"]).max() < 1e-4
+  names = convert.heads_without_hf(config)
+  assert len(names) == 2 and names[0].startswith("sbo_head") and names[1].startswith("sentence")
+
+
 def _word_vocab(path):
   words = sorted({w.strip(".,").lower() for w in (TEXT + " a the of cat sat on mat").split()})
   with open(path, "w") as f:

@@ -66,6 +66,42 @@ def test_sop_pairs_are_consecutive_segments_of_one_document_never_nsp():
     assert second.min() > first.max(), "SOP label does not match the order of the segments"
 
 
+def test_sso_three_labels_are_balanced_and_correct_by_provenance():
+  """StructBERT's SSO: 0 = B follows A, 1 = B precedes A (both of one document), 2 = B from another
+  document; 1/3 each, one-sentence documents counted and skipped."""
+  docs = _docs(n_docs=200, min_sents=4, max_sents=20) + [[(np.arange(5, dtype=np.int32) + 999 * DOC_SPAN + 100, np.ones(5, bool))]]
+  arrays, stats = instances.make_instances(docs, "sso", 128, SPECIAL, dupe_factor=3, seed=1)
+  labels = arrays["sentence_label"]
+  shares = np.bincount(labels, minlength=3) / len(labels)
+  assert len(labels) > 1000 and np.abs(shares - 1 / 3).max() < 0.05, shares  # 4 standard errors
+  assert (stats.positive, stats.other_document) == ((labels == 1).sum(), (labels == 2).sum())
+  assert stats.too_short_documents == 1
+  for row in _rows(arrays):
+    a, b = _segments(row)
+    doc_a, doc_b = set((a - 100) // DOC_SPAN), set((b - 100) // DOC_SPAN)
+    assert len(doc_a) == 1 and len(doc_b) == 1
+    label = row["sentence_label"]
+    if label == 2:
+      assert doc_a != doc_b, "SSO's other-document segment came from the same document"
+    else:
+      assert doc_a == doc_b, "an SSO next/previous pair spans two documents"
+      assert (b.min() > a.max()) if label == 0 else (b.max() < a.min()), f"label {label} disagrees with the order"
+
+
+def test_sentence_objectives_pick_their_pairs():
+  """Each sentence objective trains on the pairs of its name (SSO: next / previous / other document)."""
+  from bertjax.data import prepare_lib
+  from bertjax.errors import UserError
+  from conftest import load_config
+
+  assert prepare_lib.resolve_format(load_config("configs/structbert.py:tiny")) == "sso"
+  assert prepare_lib.resolve_format(load_config("configs/spanbert.py:tiny")) == "single"
+  both = load_config("configs/structbert.py:tiny")
+  both.objectives.nsp = 1.0
+  with pytest.raises(UserError, match="need different instances"):
+    prepare_lib.resolve_format(both)
+
+
 def test_rows_are_well_formed():
   arrays, _ = instances.make_instances(_docs(), "nsp", 64, SPECIAL, seed=0)
   for row in _rows(arrays)[:50]:

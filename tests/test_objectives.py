@@ -87,6 +87,11 @@ def test_generator_mlm_loss_trains_the_generator():
     ("configs/electra.py:tiny", {"mlm": 1.0, "rtd": 50.0, "sop": 1.0}, {"mlm_logits", "rtd_logits", "rtd_labels",
                                                                          "rtd_input_ids", "sentence_logits"}),
     ("configs/roberta.py:tiny", {"mlm": 1.0}, {"mlm_logits"}),
+    ("configs/spanbert.py:tiny", {"mlm": 1.0, "sbo": 1.0}, {"mlm_logits", "sbo_logits"}),
+    ("configs/structbert.py:tiny", {"mlm": 1.0, "wso": 1.0, "sso": 1.0}, {"mlm_logits", "wso_logits",
+                                                                          "sentence_logits"}),
+    ("configs/electra.py:tiny", {"mlm": 1.0, "rtd": 50.0, "sso": 1.0}, {"mlm_logits", "rtd_logits", "rtd_labels",
+                                                                         "rtd_input_ids", "sentence_logits"}),
 ])
 def test_registry_combinations_weight_and_sum(spec, weights, expected_outputs):
   config = micro(spec, seq_len=S)
@@ -101,7 +106,37 @@ def test_registry_combinations_weight_and_sum(spec, weights, expected_outputs):
               for name, w in weights.items())
   np.testing.assert_allclose(float(total), float(parts), rtol=1e-6)
   for name in weights:
-    assert f"{name}_loss" in metrics
+    assert f"{name}_loss" in metrics and f"{name}_accuracy" in metrics or name == "rtd"
+  if "sso" in weights:
+    assert out["sentence_logits"].shape == (B, 3)
+
+
+# The top-level parameter groups of a model with every head the BERT variants add, and the groups each
+# objective's gradient may reach (besides the encoder and the embeddings, which all of them train).
+HEADS = ("mlm", "sbo_head", "sentence")
+USES = {"mlm": {"mlm"}, "sbo": {"sbo_head"}, "wso": {"mlm"}, "sso": {"sentence"}}
+
+
+def test_gradients_reach_only_the_heads_each_objective_uses():
+  config = micro("configs/spanbert.py:tiny", seq_len=S, **{"model.num_layers": 1, "objectives.wso": 1.0,
+                                                           "objectives.sso": 1.0})
+  model, params, cfg = _setup(config)
+  labels = _batch(config)
+  labels["sentence_label"] = jnp.asarray([0, 1, 2, 1], jnp.int32)
+  batch = step_lib.apply_masking(jax.random.key(3), labels, cfg)
+  assert float(batch["span_weights"].sum()) > 0 and float(batch["wso_weights"].sum()) > 0
+  names = sorted(USES)
+
+  def losses(p):
+    out = model.apply({"params": p}, batch)
+    return jnp.stack([objectives.REGISTRY[n].loss(out, batch)[0] for n in names])
+
+  jac = jax.jit(jax.jacrev(losses))(params)  # one compile: the gradient of each loss
+  for i, name in enumerate(names):
+    size = {k: max(float(jnp.abs(g[i]).max()) for g in jax.tree.leaves(jac[k])) for k in HEADS + ("encoder",)}
+    assert size["encoder"] > 0, name
+    for head in HEADS:
+      assert (size[head] > 0) == (head in USES[name]), (name, head, size[head])
 
 
 def test_auc_from_histograms_matches_pairwise_definition():

@@ -21,11 +21,18 @@ def _records(workdir):
     ("configs/electra.py:tiny", ("eval/mlm_accuracy", "eval/rtd_accuracy", "eval/rtd_auc",
                                  "eval/rtd_precision", "eval/rtd_recall", "eval/replaced_fraction")),
     ("configs/roberta.py:tiny", ("eval/mlm_accuracy",)),
+    # StructBERT (SSO pairs from the instance builder, shuffled trigrams) with SpanBERT's spans and SBO added:
+    # slow (its own corpus preparation); the parts run in the normal suite (test_objectives, test_instances,
+    # test_sharding's spanbert_structbert model).
+    pytest.param("configs/structbert.py:tiny", ("eval/mlm_accuracy", "eval/wso_accuracy", "eval/sso_accuracy",
+                                                "eval/sbo_accuracy"), marks=pytest.mark.slow),
 ])
 def test_tiny_models_train_and_log(spec, eval_keys, tmp_path, capsys):
   workdir = str(tmp_path / "run")
   # 30 micro steps: LAMB (ALBERT) needs a larger rate than the tiny recipe's 600-step one to move in 30.
   overrides = {"learning_rate": 5e-2} if "albert" in spec else {}
+  if "structbert" in spec:
+    overrides = {"objectives.sbo": 1.0, "masking.scheme": "span"}
   loop.train_and_evaluate(micro(spec, **overrides), workdir)
   records = _records(workdir)
   train = [r for r in records if "train/loss" in r]

@@ -5,6 +5,10 @@ follows google-research/bert's `create_instances_from_document` (target length w
 chunks of whole sentences, truncation of the longer segment at a random end) with two deliberate
 differences: NSP's random B segment always comes from *another* document, and SOP never falls back to
 a random-document pair (ALBERT's code did): a chunk that cannot give two segments is skipped and counted.
+StructBERT's SSO pairs draw one of three labels with probability 1/3 each: 0 = B is the segment after A,
+1 = B is the segment before A (the two swapped, as SOP swaps them), 2 = B from another document (made as
+NSP makes its random B); a chunk of one sentence is skipped and counted (as for SOP), so the three stay
+balanced.
 
 Two formats without a sentence objective pack more text into each row:
 - `full_sentences` (RoBERTa's FULL-SENTENCES): contiguous whole sentences, crossing document boundaries,
@@ -33,8 +37,8 @@ import numpy as np
 
 from bertjax.data.tokenizer import SpecialIds
 
-FORMATS = ("nsp", "sop", "electra", "single", "full_sentences", "packed")
-PAIR_FORMATS = ("nsp", "sop")
+FORMATS = ("nsp", "sop", "sso", "electra", "single", "full_sentences", "packed")
+PAIR_FORMATS = ("nsp", "sop", "sso")
 _PACKING_BINS = 8  # open rows the `packed` format fills first-fit before the oldest is written out
 # google-research/electra build_pretraining_dataset.py, ExampleBuilder._create_example:
 ELECTRA_ONE_SEGMENT_PROB = 0.1  # "small chance to only have one segment as in classification tasks"
@@ -44,9 +48,10 @@ ELECTRA_MIN_TARGET = 5  # a short target is random.randint(5, max_length)
 @dataclasses.dataclass
 class InstanceStats:
   instances: int = 0
-  positive: int = 0  # label 1: random-next (NSP) or swapped (SOP)
-  too_short_documents: int = 0  # fewer than two sentences: cannot give a pair (SOP)
-  unpaired_chunks: int = 0  # chunks of one sentence, skipped by SOP
+  positive: int = 0  # label 1: random-next (NSP), swapped (SOP), previous (SSO)
+  other_document: int = 0  # SSO label 2: B from another document
+  too_short_documents: int = 0  # fewer than two sentences: cannot give a pair (SOP, SSO)
+  unpaired_chunks: int = 0  # chunks of one sentence, skipped by SOP and SSO
   examples: int = 0  # examples inside the rows (more than `instances` for the packed format)
   tokens: int = 0  # real (non-padding) tokens in the rows, special tokens included
   one_segment: int = 0  # electra: examples without a B segment (drawn so, or nothing left for B)
@@ -89,10 +94,24 @@ def _target_length(max_tokens, short_seq_prob, rng):
   return rng.randint(2, max_tokens) if rng.random() < short_seq_prob else max_tokens
 
 
+def _random_segment(docs, doc_index, need, rng):
+  """BERT's random B: sentences of another document (never docs[doc_index]) from a random one on, until
+  they hold `need` tokens."""
+  other = rng.randrange(len(docs) - 1)
+  other = other + 1 if other >= doc_index else other  # never the same document
+  rdoc, start = docs[other], rng.randrange(len(docs[other]))
+  segs = []
+  for s in rdoc[start:]:
+    segs.append(s)
+    if sum(len(x[0]) for x in segs) >= need:
+      break
+  return _concat(segs)
+
+
 def pair_instances(docs, doc_index, fmt, max_tokens, short_seq_prob, rng, stats):
   """Yields (a, b, label) pairs from docs[doc_index]; a and b are (ids, word_start)."""
   doc = docs[doc_index]
-  if fmt == "sop" and len(doc) < 2:
+  if fmt in ("sop", "sso") and len(doc) < 2:
     stats.too_short_documents += 1
     return
   target = _target_length(max_tokens, short_seq_prob, rng)
@@ -104,32 +123,34 @@ def pair_instances(docs, doc_index, fmt, max_tokens, short_seq_prob, rng, stats)
       a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
       a = _concat(chunk[:a_end])
       label = 0
+      if fmt in ("sop", "sso") and len(chunk) < 2:
+        stats.unpaired_chunks += 1
+        chunk, length, i = [], 0, i + 1
+        continue
       if fmt == "sop":
-        if len(chunk) < 2:
-          stats.unpaired_chunks += 1
-          chunk, length, i = [], 0, i + 1
-          continue
         b = _concat(chunk[a_end:])
         if rng.random() < 0.5:
           a, b, label = b, a, 1
+      elif fmt == "sso":
+        label = rng.randrange(3)
+        if label == 2:
+          b = _random_segment(docs, doc_index, target - len(a[0]), rng)
+          i -= len(chunk) - a_end  # the unused sentences go back for the next chunk
+        else:
+          b = _concat(chunk[a_end:])
+          if label == 1:  # B precedes A
+            a, b = b, a
       elif len(chunk) == 1 or rng.random() < 0.5:
         label = 1
-        other = rng.randrange(len(docs) - 1)
-        other = other + 1 if other >= doc_index else other  # never the same document
-        rdoc, start = docs[other], rng.randrange(len(docs[other]))
-        segs, need = [], target - len(a[0])
-        for s in rdoc[start:]:
-          segs.append(s)
-          if sum(len(x[0]) for x in segs) >= need:
-            break
-        b = _concat(segs)
+        b = _random_segment(docs, doc_index, target - len(a[0]), rng)
         i -= len(chunk) - a_end  # the unused sentences go back for the next chunk
       else:
         b = _concat(chunk[a_end:])
       a, b = _truncate_pair(a, b, max_tokens, rng)
       if len(a[0]) and len(b[0]):
         stats.instances += 1
-        stats.positive += label
+        stats.positive += label == 1
+        stats.other_document += label == 2
         yield a, b, label
       chunk, length = [], 0
     i += 1
@@ -342,15 +363,15 @@ def make_instances(docs, fmt, seq_len, special, *, short_seq_prob=0.1, dupe_fact
   Returns (arrays, stats): input_ids, type_ids, word_start, groups [N, seq_len] (plus position_ids for
   the packed format) and sentence_label [N]; arrays is None when there are no instances. full_sentences
   and packed rows involve no random choice, so they get one pass whatever dupe_factor says (masking is
-  dynamic: every epoch masks them anew). NSP needs two documents at least: with fewer, there are none.
+  dynamic: every epoch masks them anew). NSP and SSO need two documents at least: with fewer, there are none.
   """
   if fmt not in FORMATS:
     raise ValueError(f"unknown instance format {fmt!r}")
   stats = InstanceStats()
-  if fmt == "nsp" and len(docs) < 2:
+  if fmt in ("nsp", "sso") and len(docs) < 2:
     return None, stats
   rows = _RowBuffer(seq_len, special, positions=fmt == "packed")
-  for dupe in range(dupe_factor if fmt in ("nsp", "sop", "electra", "single") else 1):
+  for dupe in range(dupe_factor if fmt in ("nsp", "sop", "sso", "electra", "single") else 1):
     rng = random.Random(seed * 1000003 + dupe)
     _write_pass(rows, docs, fmt, seq_len, short_seq_prob, rng, stats)
     if dupe == 0:

@@ -205,9 +205,22 @@ def _shift_positions(table: np.ndarray, shift: int) -> np.ndarray:
   return out
 
 
+def heads_without_hf(config) -> list:
+  """The trained heads that transformers has no class for, which export leaves out (the encoder and the MLM
+  head, which StructBERT's word-structural objective also trains, are exported)."""
+  objectives = config_lib.active_objectives(config)
+  out = []
+  if "sbo" in objectives:
+    out.append("sbo_head (SpanBERT's span-boundary head)")
+  if "sso" in objectives:
+    out.append("sentence (StructBERT's 3-way sentence-structural head; HF's NSP head has 2 classes)")
+  return out
+
+
 def _network(config, params, family: str, generator: bool, special: SpecialIds):
   """(config.json dict, HF tensors) of one network of a bertjax model."""
-  sentence = "sentence" in params and not generator
+  # StructBERT's 3-way sentence head has no HF class: the network exports as *ForMaskedLM.
+  sentence = "sentence" in params and not generator and "sso" not in config_lib.active_objectives(config)
   if family == "electra":
     arch = "ElectraForMaskedLM" if generator else "ElectraForPreTraining"
   else:

@@ -1,10 +1,17 @@
-"""Pretraining heads: MLM over gathered positions (tied decoder + bias), pooler + sentence head, RTD head."""
+"""Pretraining heads: MLM over gathered positions (tied decoder + bias), pooler + sentence head, RTD head,
+SpanBERT's span-boundary head."""
 
 import jax.numpy as jnp
 from flax import linen as nn
 
 from bertjax import sharding as sh
-from bertjax.model.encoder import EncoderConfig, _zeros, activation, dense, layer_norm
+from bertjax.model.encoder import EncoderConfig, _init, _zeros, activation, dense, layer_norm
+
+# SpanBERT's SBO head (facebookresearch/SpanBERT pretraining/fairseq/models/pair_bert.py,
+# BertPairTargetPredictionHead: max_targets=20, position_embedding_size=200): a relative-position table of
+# 20 rows of width 200; tokens further than 20 into a span have no SBO target.
+SBO_MAX_TARGETS = 20
+SBO_POSITION_SIZE = 200
 
 
 def gather_positions(hidden, positions):
@@ -29,15 +36,41 @@ class MLMHead(nn.Module):
 
 
 class SentenceHead(nn.Module):
-  """Tanh pooler over [CLS] and a 2-way classifier; NSP and SOP share it."""
+  """Tanh pooler over [CLS] and a classifier: 2-way for NSP and SOP, 3-way for StructBERT's SSO."""
 
   cfg: EncoderConfig
+  classes: int = 2
 
   @nn.compact
   def __call__(self, hidden):
     c = self.cfg
     pooled = jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pooler")(hidden[:, 0]))
-    return dense(c, c.hidden_size, 2, (sh.EMBED, None), "classifier")(pooled).astype(jnp.float32)
+    return dense(c, c.hidden_size, self.classes, (sh.EMBED, None), "classifier")(pooled).astype(jnp.float32)
+
+
+class SBOHead(nn.Module):
+  """SpanBERT's span-boundary objective head (Joshi et al. 2020, §3.2): each masked token of a span is
+  predicted from the encoder outputs at the two tokens just outside the span and an embedding of its
+  position in the span, through a 2-layer feed-forward network with GELU and LayerNorm
+  (pair_bert.py's MLPWithLayerNorm), decoded through the tied word embeddings plus its own output bias.
+  The second layer maps to E, so a factorized model decodes in E as its MLM head does (SpanBERT: E = H)."""
+
+  cfg: EncoderConfig
+
+  @nn.compact
+  def __call__(self, hidden, left, right, offset, embeddings):
+    """hidden [B, S, H]; left, right [B, P] boundary positions; offset [B, P] the 0-based position of the
+    target in its span (clipped to the table). Returns float32 logits [B, P, V]."""
+    c = self.cfg
+    table = self.param("position", _init(c, (None, None)), (SBO_MAX_TARGETS, SBO_POSITION_SIZE))
+    pos = jnp.take(table, jnp.clip(offset, 0, SBO_MAX_TARGETS - 1), axis=0).astype(c.dtype)
+    x = jnp.concatenate([gather_positions(hidden, left), gather_positions(hidden, right), pos], axis=-1)
+    x = dense(c, 2 * c.hidden_size + SBO_POSITION_SIZE, c.hidden_size, (None, sh.EMBED), "dense1")(x)
+    x = layer_norm(c, "ln1")(activation(c, x))
+    x = dense(c, c.hidden_size, c.embedding_size, (sh.EMBED, None), "dense2")(x)
+    x = layer_norm(c, "ln2", names=(None,))(activation(c, x))
+    bias = self.param("bias", _zeros((sh.VOCAB,)), (c.vocab_size,))
+    return embeddings.attend(x.astype(c.dtype)).astype(jnp.float32) + bias
 
 
 class RTDHead(nn.Module):

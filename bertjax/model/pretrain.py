@@ -2,7 +2,9 @@
 
 BERT/RoBERTa/ALBERT: one encoder with an MLM head (and a sentence head for NSP/SOP). ELECTRA: a small
 generator encoder with the MLM head and the main (discriminator) encoder with the RTD head, sharing one
-embedding table; the generator's samples replace the masked tokens under stop-gradient.
+embedding table; the generator's samples replace the masked tokens under stop-gradient. SpanBERT adds the
+span-boundary head; StructBERT's word-structural objective decodes its shuffled positions through the MLM
+head, and its sentence-structural objective is a 3-way sentence head.
 """
 
 from typing import Optional
@@ -12,7 +14,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig
-from bertjax.model.heads import MLMHead, RTDHead, SentenceHead
+from bertjax.model.heads import MLMHead, RTDHead, SBOHead, SentenceHead
 
 
 def sample_tokens(rng, logits, temperature: float):
@@ -33,7 +35,10 @@ class Pretrainer(nn.Module):
 
   cfg: EncoderConfig  # the main encoder (the discriminator for ELECTRA)
   generator: Optional[EncoderConfig] = None  # set for RTD
-  sentence_head: bool = False  # NSP or SOP
+  sentence_head: bool = False  # NSP, SOP or SSO
+  sentence_classes: int = 2  # 3 for StructBERT's SSO
+  sbo: bool = False  # SpanBERT's span-boundary head
+  wso: bool = False  # StructBERT's shuffled trigrams, decoded by the MLM head
   sample_temperature: float = 1.0
   deterministic: bool = True
 
@@ -47,7 +52,9 @@ class Pretrainer(nn.Module):
     else:
       self.mlm = MLMHead(self.cfg)
     if self.sentence_head:
-      self.sentence = SentenceHead(self.cfg)
+      self.sentence = SentenceHead(self.cfg, self.sentence_classes)
+    if self.sbo:
+      self.sbo_head = SBOHead(self.cfg)
 
   def encode(self, input_ids, type_ids, groups, position_ids=None):
     """Final hidden states [B, S, H] of the main encoder."""
@@ -74,16 +81,28 @@ class Pretrainer(nn.Module):
     """batch: masked `input_ids`, `type_ids`, `groups`, `mlm_positions`, `mlm_weights`, `original_ids`,
     optionally `position_ids` (packed examples).
 
-    Returns mlm_logits [B, P, V] (the generator's under RTD), and as configured sentence_logits [B, 2],
+    Returns mlm_logits [B, P, V] (the generator's under RTD), and as configured sentence_logits [B, 2 or 3],
     rtd_logits [B, S] with rtd_labels [B, S] (1 where the corrupted token differs from the original) and
-    rtd_input_ids [B, S], the corrupted input the discriminator saw (unused outputs cost nothing under jit).
+    rtd_input_ids [B, S], the corrupted input the discriminator saw (unused outputs cost nothing under jit),
+    sbo_logits [B, P, V] (from the slots' `span_left`, `span_right`), wso_logits [B, Q, V] (at
+    `wso_positions`).
     """
     ids, types, groups = batch["input_ids"], batch["type_ids"], batch["groups"]
     positions = batch.get("position_ids")  # packed inputs restart positions per example
     out = {}
     if self.generator is None:
       hidden = self.encode(ids, types, groups, positions)
-      out["mlm_logits"] = self.mlm(hidden, batch["mlm_positions"], self.embeddings)
+      slots = batch["mlm_positions"]
+      if self.wso:  # one decoder pass over the MLM and the shuffled positions
+        slots = jnp.concatenate([slots, batch["wso_positions"]], axis=1)
+      logits = self.mlm(hidden, slots, self.embeddings)
+      p = batch["mlm_positions"].shape[1]
+      out["mlm_logits"] = logits[:, :p]
+      if self.wso:
+        out["wso_logits"] = logits[:, p:]
+      if self.sbo:
+        left, right = batch["span_left"], batch["span_right"]
+        out["sbo_logits"] = self.sbo_head(hidden, left, right, batch["mlm_positions"] - left - 1, self.embeddings)
     else:
       emb = self.embeddings(ids, types, self.deterministic, positions)
       gen_hidden = self.generator_encoder(emb, groups)

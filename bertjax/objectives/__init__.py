@@ -7,15 +7,19 @@ step with gradient accumulation exactly the large-batch step. Adding one is a mo
 """
 
 from bertjax.metrics import Mean
-from bertjax.objectives import mlm, rtd, sentence
+from bertjax.objectives import mlm, rtd, sbo, sentence, wso
 
 REGISTRY = {
     "mlm": mlm,
     "nsp": sentence.nsp,
     "sop": sentence.sop,
     "rtd": rtd,
+    "sbo": sbo,
+    "wso": wso,
+    "sso": sentence.sso,
 }
-SENTENCE_OBJECTIVES = ("nsp", "sop")
+SENTENCE_OBJECTIVES = ("nsp", "sop", "sso")  # each trains on its own pairs (data.instances' format of its name)
+SENTENCE_CLASSES = {"nsp": 2, "sop": 2, "sso": 3}
 
 
 def counts(objectives: dict, batch) -> dict:

@@ -1,7 +1,9 @@
-"""Sentence-pair objectives on the [CLS] head: next-sentence (NSP) and sentence-order (SOP) prediction.
+"""Sentence-pair objectives on the [CLS] head: next-sentence (NSP), sentence-order (SOP) and StructBERT's
+sentence-structural (SSO) prediction.
 
 NSP: label 0 = B really follows A, 1 = B comes from another document (BERT's convention).
 SOP: label 0 = A, B in document order, 1 = swapped (ALBERT).
+SSO: label 0 = B follows A, 1 = B precedes A, 2 = B comes from another document (StructBERT), 1/3 each.
 """
 
 import types
@@ -24,3 +26,4 @@ def _make(name):
 
 nsp = _make("nsp")
 sop = _make("sop")
+sso = _make("sso")
