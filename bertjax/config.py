@@ -89,6 +89,7 @@ def defaults() -> ml_collections.ConfigDict:
       scan_unroll=0,  # layers per scan iteration (0: automatic); aot's cost estimate unrolls shallow copies
       activation="gelu",  # gelu (exact) | gelu_new (tanh approximation; some HF checkpoints)
       position_offset=0,  # first position id (RoBERTa checkpoints: 2)
+      head_size=0,  # width of one attention head; 0: hidden_size / num_heads (a head-pruned model sets it)
   )
   # Objectives: name -> weight; 0 switches one off.
   c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0)
@@ -130,7 +131,8 @@ def encoder_config(m, generator: bool = False) -> EncoderConfig:
       layer_norm_eps=m.layer_norm_eps, init_std=m.init_std, sharing=m.sharing,
       num_groups=m.num_hidden_groups if m.sharing != "none" else 1, dtype=DTYPES[m.dtype], remat=m.remat,
       scan_unroll=m.scan_unroll,
-      activation=m.activation, position_offset=m.position_offset)
+      activation=m.activation, position_offset=m.position_offset,
+      head_size=m.head_size)
 
 
 def phase(fraction: float, **values) -> dict:
@@ -248,7 +250,7 @@ def _check(ok: bool, message: str):
 def validate(config):
   """Checks that the config is self-consistent; raises UserError with the fix on the first problem."""
   m = config.model
-  _check(m.hidden_size % m.num_heads == 0,
+  _check(m.head_size > 0 or m.hidden_size % m.num_heads == 0,
          f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; "
          "change one of them so that the head width is whole")
   _check(m.activation in ("gelu", "gelu_new"), f"model.activation={m.activation!r}; use gelu or gelu_new")

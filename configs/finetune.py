@@ -58,6 +58,7 @@ def get_config(arg: str = "sst2"):
   c.log_every = 50
   c.eval_every = 0  # 0: evaluate only at the end
   c.eval_batch_size = 64
+  c.save_model = False  # write each seed's fine-tuned model to WORKDIR/seed_S/model (what bertjax.heads reads)
   # Task.
   c.task = dict(
       name=task,

@@ -21,7 +21,8 @@ import optax
 from bertjax import config as config_lib, inference, optim
 from bertjax.data import pipeline
 from bertjax.finetune import data as task_data, metrics as task_metrics
-from bertjax.finetune.model import HEADS, Classifier, init_params, layer_multipliers, scale_by_tree
+from bertjax.finetune.model import (HEADS, MODEL_DIR, Classifier, init_params, layer_multipliers, save_model,
+                                    scale_by_tree)
 from bertjax.errors import UserError
 from bertjax.interop import configs as hf_configs
 from bertjax.metrics import MetricWriter
@@ -117,9 +118,11 @@ def make_tx(config, params, cfg, total: int, warmup: int) -> optax.GradientTrans
   return tx
 
 
-def _loss(params, batch, rng, model, regression: bool):
-  out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"],
-                    rngs={"dropout": rng})
+def _loss(params, batch, rng, model, regression: bool, head_gates=None):
+  """The batch's mean task loss (padding rows weigh 0); `rng` None for a deterministic model, `head_gates`
+  [layers, heads] for bertjax.heads' importance."""
+  out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"], head_gates,
+                    rngs={"dropout": rng} if rng is not None else {})
   w = batch["example_weight"]
   if regression:
     per = (out[:, 0] - batch["label"]) ** 2
@@ -192,6 +195,8 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
       result = task_metrics.compute(names, predict(params, evals, eval_model, config.eval_batch_size), evals["label"])
       writer.write(done, {f"eval/{k}": v for k, v in result.items()})
   writer.close()
+  if config.save_model:
+    save_model(os.path.join(seed_dir, MODEL_DIR), setup["run_config"], eval_model, params)
   return result
 
 
@@ -215,7 +220,7 @@ def prepare(config) -> dict:
     head = "electra" if hf_configs.family_for(loaded.config) == "electra" else "pooler"
   return dict(
       cfg=cfg, num_outputs=len(labels) or 1, pretrained=params, pooler=pooler, total=total, warmup=min(warmup, total),
-      head=head,
+      head=head, run_config=loaded.config,
       train=task_data.encode(train_ex, loaded.tokenizer, config.seq_len),
       eval=task_data.encode(eval_ex, loaded.tokenizer, config.seq_len),
       info=dict(train_examples=len(train_ex.a), eval_examples=len(eval_ex.a), skipped_rows=train_ex.skipped + eval_ex.skipped,

@@ -118,6 +118,9 @@ def to_hf(config, family: str, architecture: str, special, generator: bool = Fal
   if m.sharing in ("attention", "ffn"):
     raise UserError(f"model.sharing={m.sharing!r} has no HF equivalent (HF ALBERT shares whole layers); "
                     "export needs sharing all or none")
+  if m.head_size and m.head_size * m.num_heads != m.hidden_size:
+    raise UserError(f"a head-pruned model (model.head_size={m.head_size} x {m.num_heads} heads != hidden "
+                    f"{m.hidden_size}) has no HF config; export the model before pruning")
   hf = dict(
       architectures=[architecture], model_type=family, vocab_size=enc.vocab_size, hidden_size=enc.hidden_size,
       num_hidden_layers=enc.num_layers, num_attention_heads=enc.num_heads, intermediate_size=enc.intermediate_size,

@@ -62,10 +62,11 @@ class EncoderConfig:
   activation: str = "gelu"  # gelu (exact erf, BERT) | gelu_new (tanh approximation, ALBERT)
   position_offset: int = 0  # first position id (HF RoBERTa counts from padding_idx + 1 = 2)
   scan_unroll: int = 0  # layers per scan iteration; 0: all of them up to UNROLL_MAX_LAYERS, else 1
+  head_size: int = 0  # width of one head; 0: hidden_size // num_heads (set when heads were pruned away)
 
   @property
   def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
+    return self.head_size or self.hidden_size // self.num_heads
 
 
 _SQRT_HALF, _INV_SQRT_2PI = 0.5**0.5, (2 * 3.141592653589793) ** -0.5
@@ -293,7 +294,7 @@ class Attention(Block):
   """Multi-head self-attention with residual and post-LayerNorm (BERT's attention sub-layer)."""
 
   @nn.compact
-  def __call__(self, x, bias):
+  def __call__(self, x, bias, head_gates=None):
     c = self.cfg
     proj = lambda n: dense(c, c.hidden_size, (c.num_heads, c.head_dim), (sh.EMBED, sh.HEADS, sh.KV), n)
     q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
@@ -305,6 +306,8 @@ class Attention(Block):
     self.sow("intermediates", "attention_probs", probs)
     probs = Dropout(c.attention_dropout)(probs, deterministic=self.deterministic)
     ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
+    if head_gates is not None:  # [heads] of this layer (bertjax.heads): 0 removes a head, exactly
+      ctx = ctx * head_gates.astype(ctx.dtype)[:, None]
     out = dense(c, (c.num_heads, c.head_dim), c.hidden_size, (sh.HEADS, sh.KV, sh.EMBED), "output")(ctx)
     out = Dropout(c.dropout)(out, deterministic=self.deterministic)
     return layer_norm(c, "ln")(x + out).astype(c.dtype)
@@ -341,11 +344,11 @@ class Layer(Block):
   """One transformer layer; blocks it does not own come in as `shared` parameters (ALBERT sharing)."""
 
   @nn.compact
-  def __call__(self, x, layer_index, bias, shared):
+  def __call__(self, x, layer_index, bias, shared, head_gates=None):
     c = self.cfg
     group = layer_index * c.num_groups // c.num_layers  # ALBERT: consecutive layers form a group
     for name, block in BLOCKS.items():
-      args = (x, bias) if name == "attention" else (x,)
+      args = (x, bias, head_gates) if name == "attention" else (x,)
       if name in shared:
         params = jax.tree.map(lambda p: p[group], shared[name])
         rngs = {} if self.deterministic else {"dropout": self.make_rng("dropout")}
@@ -390,7 +393,8 @@ class Encoder(Block):
   """E->H projection (if factorized) and `num_layers` scanned transformer layers."""
 
   @nn.compact
-  def __call__(self, x, groups):
+  def __call__(self, x, groups, head_gates=None):
+    """head_gates: optional [layers, heads] multipliers of each head's output (1 = on, 0 = removed)."""
     c = self.cfg
     if c.embedding_size != c.hidden_size:
       x = dense(c, c.embedding_size, c.hidden_size, (None, sh.EMBED), "embedding_projection")(x)
@@ -405,11 +409,11 @@ class Encoder(Block):
         layer,
         variable_axes={"params": 0, "intermediates": 0},
         split_rngs={"params": True, "dropout": True},
-        in_axes=(0, nn.broadcast, nn.broadcast),
+        in_axes=(0, nn.broadcast, nn.broadcast, 0),
         length=c.num_layers,
         metadata_params={nn.PARTITION_NAME: sh.LAYERS},
         unroll=layers_per_iteration(c),
     )
     x, _ = scanned(c, self.deterministic, name="layers")(
-        x, jnp.arange(c.num_layers), attention_bias(groups), shared)
+        x, jnp.arange(c.num_layers), attention_bias(groups), shared, head_gates)
     return x
