@@ -19,14 +19,20 @@ from bertjax.model.pretrain import Pretrainer
 
 
 def make_model(config) -> Pretrainer:
-  """The pretraining model of a config (heads and generator follow from the objectives)."""
+  """The pretraining model of a config (heads and generator follow from the objectives); with
+  `config.teacher` set, a Distiller of this model (the student) and the frozen teacher (bertjax.distill)."""
   objectives = config_lib.active_objectives(config)
-  return Pretrainer(
+  model = Pretrainer(
       cfg=config_lib.encoder_config(config.model),
       generator=config_lib.encoder_config(config.model, generator=True) if "rtd" in objectives else None,
       sentence_head=bool({"nsp", "sop"} & set(objectives)),
       sample_temperature=config.model.sample_temperature,
   )
+  if config.get("teacher"):
+    from bertjax import distill
+
+    return distill.make_distiller(config, model)
+  return model
 
 
 def dummy_batch(config, batch_size: int = 1) -> dict:
@@ -116,6 +122,10 @@ def make_steps(config, mesh, special: SpecialIds) -> Steps:
   rules = sharding.config_rules(config)
   schedule = config_lib.lr_schedule(config)
   model, tx = make_model(config), optim.make(config.optimizer, schedule)
+  if config.get("teacher"):  # the teacher is frozen: no updates, no optimizer state
+    from bertjax import distill
+
+    tx = distill.freeze_teacher(tx)
   cfg = step_config(config, special)
   with nn.logical_axis_rules(rules):
     boxed = jax.eval_shape(functools.partial(init_state, model=model, tx=tx, config=config), jax.random.key(0))
@@ -130,5 +140,10 @@ def make_steps(config, mesh, special: SpecialIds) -> Steps:
   evaluate = jax.jit(functools.partial(step_lib.eval_step, model=model, cfg=cfg),
                      in_shardings=(shardings.params, batch_sharding, repl), out_shardings=repl)
   on_mesh = functools.partial(Jitted, mesh=mesh, rules=rules)
-  return Steps(model, tx, schedule, cfg, shardings, abstract, batch_sharding, on_mesh(init), on_mesh(train),
+  init = on_mesh(init)
+  if config.get("teacher"):  # a fresh state holds the teacher's weights (and the student starts from them)
+    from bertjax import distill
+
+    init = distill.initializer(init, config, shardings.params)
+  return Steps(model, tx, schedule, cfg, shardings, abstract, batch_sharding, init, on_mesh(train),
                on_mesh(evaluate))

@@ -264,9 +264,15 @@ def validate(config):
   _check(0 < config.masking.mask_prob < 1, f"masking.mask_prob={config.masking.mask_prob} must be in (0, 1)")
   _check(config.masking.mask_token_prob + config.masking.random_token_prob <= 1,
          "masking.mask_token_prob + masking.random_token_prob must not exceed 1")
-  unknown = set(config.objectives) - {"mlm", "nsp", "sop", "rtd"}
-  _check(not unknown, f"unknown objectives {sorted(unknown)}; use mlm, nsp, sop, rtd")
+  from bertjax import objectives as objectives_lib
+
+  unknown = set(config.objectives) - set(objectives_lib.REGISTRY)
+  _check(not unknown, f"unknown objectives {sorted(unknown)}; use {', '.join(objectives_lib.REGISTRY)}")
   objectives = active_objectives(config)
+  _check(not config.get("teacher") or not ({"rtd", "nsp", "sop"} & set(objectives)),
+         "distillation trains an MLM student: set the rtd, nsp and sop weights to 0")
+  _check(bool(config.get("teacher")) or not any(k.startswith("distill_") for k in objectives),
+         "the distill_* objectives need a teacher: set --config.teacher to a bertjax workdir or an HF checkpoint")
   _check(bool(objectives), "no objective has a nonzero weight; set e.g. --config.objectives.mlm=1")
   _check("mlm" in objectives, "every setup here trains an MLM head (ELECTRA's generator included); set --config.objectives.mlm")
   _check(("rtd" in objectives) == (m.generator_fraction > 0),

@@ -263,7 +263,8 @@ class Embeddings(nn.Module):
     c = self.cfg
     self.word = self.param("word", _init(c, (sh.VOCAB, sh.EMBED)), (c.vocab_size, c.embedding_size))
     self.position = self.param("position", _init(c, (None, sh.EMBED)), (c.max_positions, c.embedding_size))
-    self.type = self.param("type", _init(c, (None, sh.EMBED)), (c.type_vocab_size, c.embedding_size))
+    if c.type_vocab_size:  # 0: no segment embeddings (DistilBERT)
+      self.type = self.param("type", _init(c, (None, sh.EMBED)), (c.type_vocab_size, c.embedding_size))
     self.ln = layer_norm(c, "ln")
     self.drop = Dropout(c.dropout)
 
@@ -274,7 +275,7 @@ class Embeddings(nn.Module):
       pos = self.position[None, self.cfg.position_offset : self.cfg.position_offset + input_ids.shape[1]]
     else:
       pos = jnp.take(self.position, position_ids + self.cfg.position_offset, axis=0)
-    x = x + pos + jnp.take(self.type, type_ids, axis=0)
+    x = x + pos + (jnp.take(self.type, type_ids, axis=0) if self.cfg.type_vocab_size else 0)
     x = self.drop(self.ln(x), deterministic=deterministic)
     return x.astype(self.cfg.dtype)
 
@@ -362,6 +363,7 @@ class Layer(Block):
       else:
         x = block(c, self.deterministic, name=name)(*args)
     x = nn.with_logical_constraint(x, (sh.BATCH, sh.LENGTH, sh.ACT_EMBED))
+    self.sow("intermediates", "hidden", x)  # kept only when asked for (distillation's layer losses)
     return x, None
 
 

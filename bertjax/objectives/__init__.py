@@ -7,13 +7,18 @@ step with gradient accumulation exactly the large-batch step. Adding one is a mo
 """
 
 from bertjax.metrics import Mean
-from bertjax.objectives import mlm, rtd, sentence
+from bertjax.objectives import distill, mlm, rtd, sentence
 
 REGISTRY = {
     "mlm": mlm,
     "nsp": sentence.nsp,
     "sop": sentence.sop,
     "rtd": rtd,
+    # Against a frozen teacher (configs/distill.py; the model is then a bertjax.model.distill.Distiller).
+    "distill_ce": distill.ce,
+    "distill_cos": distill.cos,
+    "distill_hidden": distill.hidden,
+    "distill_attention": distill.attention,
 }
 SENTENCE_OBJECTIVES = ("nsp", "sop")
 
