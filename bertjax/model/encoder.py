@@ -244,7 +244,11 @@ class Dense(nn.Module):
     n_in = len(self.in_shape)
     kernel = self.param("kernel", _init(self.cfg, self.names), self.in_shape + self.out_shape)
     bias = self.param("bias", _zeros(self.names[n_in:]), self.out_shape)
-    y = jnp.tensordot(x.astype(self.cfg.dtype), kernel.astype(self.cfg.dtype), axes=n_in)
+    # flax's own promote_dtype and lax.dot_general (what tensordot lowers to), as nn.Dense calls them, so that
+    # quantization libraries intercepting them (qwix: bertjax.quantize) see every weight matmul.
+    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.cfg.dtype)
+    contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
+    y = jax.lax.dot_general(x, kernel, (contract, ((), ())))
     return y + bias.astype(self.cfg.dtype)
 
 
