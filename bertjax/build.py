@@ -73,6 +73,11 @@ def init_state(rng, model, tx, config) -> step_lib.TrainState:
 def step_config(config, special: SpecialIds) -> step_lib.StepConfig:
   """What the steps need besides model and optimizer: seed, masking (with the tokenizer's special ids),
   weighted objectives, microbatches."""
+  if not config.get("teacher") and any(k.startswith("distill_") for k in config_lib.active_objectives(config)):
+    from bertjax.errors import UserError
+
+    raise UserError("the distill_* objectives need a teacher: set --config.teacher to a bertjax workdir or an HF "
+                    "checkpoint (python -m bertjax.distill)")
   return step_lib.StepConfig(
       seed=config.seed, masking=config_lib.masking_config(config, special),
       objectives=tuple(config_lib.active_objectives(config).items()), grad_accum_steps=config.grad_accum_steps)

@@ -271,8 +271,6 @@ def validate(config):
   objectives = active_objectives(config)
   _check(not config.get("teacher") or not ({"rtd", "nsp", "sop"} & set(objectives)),
          "distillation trains an MLM student: set the rtd, nsp and sop weights to 0")
-  _check(bool(config.get("teacher")) or not any(k.startswith("distill_") for k in objectives),
-         "the distill_* objectives need a teacher: set --config.teacher to a bertjax workdir or an HF checkpoint")
   _check(bool(objectives), "no objective has a nonzero weight; set e.g. --config.objectives.mlm=1")
   _check("mlm" in objectives, "every setup here trains an MLM head (ELECTRA's generator included); set --config.objectives.mlm")
   _check(("rtd" in objectives) == (m.generator_fraction > 0),
