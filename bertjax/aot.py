@@ -105,14 +105,26 @@ def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
   from bertjax import config as config_lib, flops, sharding
   from bertjax.model.encoder import layers_per_iteration
 
+  from bertjax import build
+  from bertjax.model import attention as attention_lib
+
+  notes = []
+  if config.model.attention in attention_lib.WITHOUT_DROPOUT and config.model.attention_dropout > 0:
+    # What the kernel would train: a run with it must set attention_dropout=0 (config validation says so).
+    config = config.copy_and_resolve_references()
+    notes.append(f"model.attention={config.model.attention} applies no attention dropout: compiled with "
+                 f"attention_dropout=0 (was {config.model.attention_dropout}; training needs "
+                 "--config.model.attention_dropout=0)")
+    config.model.attention_dropout = 0.0
   config_lib.validate(config)
   devices = topology_devices(t)
   mesh = sharding.make_mesh(config.sharding, devices=devices, overrides=dict(config.mesh))
+  notes.append(build.attention_notice(config, mesh))
   if config.batch_size % len(devices):
     raise UserError(f"batch_size={config.batch_size} is not divisible by the {len(devices)} devices of {t['name']}")
   head = dict(topology=t["name"], jax_topology=t["topology"], devices=len(devices), mesh=dict(mesh.shape),
               sharding=config.sharding, global_batch=config.batch_size, seq_len=config.seq_len,
-              hbm_gib=t["hbm_gib"])
+              hbm_gib=t["hbm_gib"], notes=notes)
   try:
     steps, compiled = _compile(config, mesh)
   except Exception as e:  # the TPU compiler refuses a program that cannot fit: a result, not a crash
@@ -154,8 +166,8 @@ _TRY = "try --config.sharding=fsdp, --config.model.remat=full, a smaller --confi
 
 
 def format_report(r: dict) -> str:
-  title = (f"topology {r['topology']} ({r['jax_topology']}, {r['devices']} devices), mesh {r['mesh']}, "
-           f"preset {r['sharding']}, batch {r['global_batch']} x {r['seq_len']}")
+  title = "\n".join(r["notes"] + [f"topology {r['topology']} ({r['jax_topology']}, {r['devices']} devices), mesh "
+                                   f"{r['mesh']}, preset {r['sharding']}, batch {r['global_batch']} x {r['seq_len']}"])
   if "needed_gib" in r:  # the compiler refused it
     return (f"{title}\nDOES NOT FIT: the TPU compiler needs {r['needed_gib']:.1f} GiB per device for "
             f"{r['needed_for']}, has {r['hbm_gib']:.0f} GiB HBM; {_TRY}")

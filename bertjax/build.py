@@ -15,23 +15,25 @@ from flax import linen as nn
 
 from bertjax import config as config_lib, optim, sharding, step as step_lib
 from bertjax.data.tokenizer import SpecialIds
+from bertjax.model import attention as attention_lib
 from bertjax.model.pretrain import Pretrainer
 
 
-def make_model(config) -> Pretrainer:
-  """The pretraining model of a config (heads and generator follow from the objectives); with
-  `config.teacher` set, a Distiller of this model (the student) and the frozen teacher (bertjax.distill)."""
+def make_model(config, platform: str | None = None) -> Pretrainer:
+  """The pretraining model of a config (heads and generator follow from the objectives) for `platform`'s
+  attention implementation (default: JAX's backend); with `config.teacher` set, a Distiller of this model
+  (the student) and the frozen teacher (bertjax.distill)."""
   objectives = config_lib.active_objectives(config)
   model = Pretrainer(
-      cfg=config_lib.encoder_config(config.model),
-      generator=config_lib.encoder_config(config.model, generator=True) if "rtd" in objectives else None,
+      cfg=config_lib.encoder_config(config.model, platform=platform),
+      generator=config_lib.encoder_config(config.model, generator=True, platform=platform) if "rtd" in objectives else None,
       sentence_head=bool({"nsp", "sop"} & set(objectives)),
       sample_temperature=config.model.sample_temperature,
   )
   if config.get("teacher"):
     from bertjax import distill
 
-    return distill.make_distiller(config, model)
+    return distill.make_distiller(config, model, platform)
   return model
 
 
@@ -72,7 +74,7 @@ def init_state(rng, model, tx, config) -> step_lib.TrainState:
 
 def step_config(config, special: SpecialIds) -> step_lib.StepConfig:
   """What the steps need besides model and optimizer: seed, masking (with the tokenizer's special ids),
-  weighted objectives, microbatches."""
+  weighted objectives, microbatches, and which steps the loop logs (phase ends and every log_every-th)."""
   if not config.get("teacher") and any(k.startswith("distill_") for k in config_lib.active_objectives(config)):
     from bertjax.errors import UserError
 
@@ -80,7 +82,8 @@ def step_config(config, special: SpecialIds) -> step_lib.StepConfig:
                     "checkpoint (python -m bertjax.distill)")
   return step_lib.StepConfig(
       seed=config.seed, masking=config_lib.masking_config(config, special),
-      objectives=tuple(config_lib.active_objectives(config).items()), grad_accum_steps=config.grad_accum_steps)
+      objectives=tuple(config_lib.active_objectives(config).items()), grad_accum_steps=config.grad_accum_steps,
+      report_every=config.log_every, report_at=tuple(p.end for p in config_lib.phases(config)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +120,20 @@ class Steps:
   eval: Jitted  # (params, batch, index) -> metric sums
 
 
+def mesh_platform(mesh) -> str:
+  """'cpu', 'gpu' or 'tpu': what the mesh's devices are (a TPU topology's, when aot compiles on a CPU host)."""
+  platform = mesh.devices.flat[0].platform
+  return "gpu" if platform in ("cuda", "rocm") else platform
+
+
+def attention_notice(config, mesh) -> str:
+  """The attention implementation a run on `mesh` uses, and why if not the requested one (one line); raises
+  UserError where the requested kernel cannot run there."""
+  m = config.model
+  impl, notice = attention_lib.resolve(m.attention, m.attention_dropout, mesh_platform(mesh), m.dtype)
+  return notice or f"attention: {impl}"
+
+
 def make_steps(config, mesh, special: SpecialIds) -> Steps:
   """Builds model, optimizer and the jitted init/train/eval steps with explicit shardings on `mesh`.
 
@@ -126,7 +143,7 @@ def make_steps(config, mesh, special: SpecialIds) -> Steps:
   """
   rules = sharding.config_rules(config)
   schedule = config_lib.lr_schedule(config)
-  model, tx = make_model(config), optim.make(config.optimizer, schedule)
+  model, tx = make_model(config, mesh_platform(mesh)), optim.make(config.optimizer, schedule)
   if config.get("teacher"):  # the teacher is frozen: no updates, no optimizer state
     from bertjax import distill
 

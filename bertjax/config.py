@@ -7,6 +7,7 @@ combination is a command-line change: `--config.objectives.sop=1 --config.object
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
@@ -14,6 +15,7 @@ import optax
 from bertjax import masking, optim
 from bertjax.data import instances
 from bertjax.errors import UserError
+from bertjax.model import attention as attention_lib
 from bertjax.model.encoder import REMAT_POLICIES, SHARING_MODES, EncoderConfig
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -89,6 +91,9 @@ def defaults() -> ml_collections.ConfigDict:
       scan_unroll=0,  # layers per scan iteration (0: automatic); aot's cost estimate unrolls shallow copies
       activation="gelu",  # gelu (exact) | gelu_new (tanh approximation; some HF checkpoints)
       position_offset=0,  # first position id (RoBERTa checkpoints: 2)
+      # auto | xla | dot_product | cudnn | splash (bertjax.model.attention). auto: cuDNN flash attention on
+      # GPU, splash on TPU, xla on CPU; fused kernels need attention_dropout=0, else auto keeps xla.
+      attention="auto",
       head_size=0,  # width of one attention head; 0: hidden_size / num_heads (a head-pruned model sets it)
   )
   # Objectives: name -> weight; 0 switches one off.
@@ -119,9 +124,12 @@ def active_objectives(config) -> dict:
   return {k: float(v) for k, v in sorted(config.objectives.items()) if v}
 
 
-def encoder_config(m, generator: bool = False) -> EncoderConfig:
-  """The frozen EncoderConfig of the main network, or of the ELECTRA generator (widths scaled)."""
+def encoder_config(m, generator: bool = False, platform: str | None = None) -> EncoderConfig:
+  """The frozen EncoderConfig of the main network, or of the ELECTRA generator (widths scaled), with the
+  attention implementation that model.attention resolves to on `platform` (default: JAX's backend)."""
   f = m.generator_fraction if generator else 1.0
+  impl, _ = attention_lib.resolve(m.attention, m.attention_dropout, platform or jax.default_backend(), m.dtype,
+                                  strict=False)
   hidden = int(m.hidden_size * f)
   return EncoderConfig(
       vocab_size=m.vocab_size, hidden_size=hidden, num_layers=m.num_layers,
@@ -131,8 +139,7 @@ def encoder_config(m, generator: bool = False) -> EncoderConfig:
       layer_norm_eps=m.layer_norm_eps, init_std=m.init_std, sharing=m.sharing,
       num_groups=m.num_hidden_groups if m.sharing != "none" else 1, dtype=DTYPES[m.dtype], remat=m.remat,
       scan_unroll=m.scan_unroll,
-      activation=m.activation, position_offset=m.position_offset,
-      head_size=m.head_size)
+      activation=m.activation, position_offset=m.position_offset, attention=impl, head_size=m.head_size)
 
 
 def phase(fraction: float, **values) -> dict:
@@ -201,12 +208,21 @@ def phase_at(config, step: int) -> Phase:
   return next((p for p in plan if p.start <= step < p.end), plan[-1])
 
 
-def phase_config(config, number: int) -> ml_collections.ConfigDict:
-  """Phase `number`'s config (1-based), for the CLIs that compile or time one shape (aot, bench: --phase)."""
+def phase_config(config, number: int = 0) -> ml_collections.ConfigDict:
+  """Phase `number`'s config (1-based), for the CLIs that compile or time one shape (aot, bench: --phase).
+  0: the phase trained at config.seq_len (so `--config.seq_len=512` picks BERT's second phase), or, where no
+  phase is, the run's own shapes as given."""
   plan = phases(config)
+  if number == 0:
+    at_seq_len = [p for p in plan if p.config.seq_len == config.seq_len]
+    if at_seq_len:
+      return at_seq_len[0].config
+    one = config.copy_and_resolve_references()
+    one.phases = ()
+    return one
   if not 1 <= number <= len(plan):
     raise UserError(f"--phase={number}, but the config has {len(plan)} phase{'s' if len(plan) > 1 else ''}; "
-                    f"use 1..{len(plan)}")
+                    f"use 1..{len(plan)}, or 0 for the phase at --config.seq_len")
   return plan[number - 1].config
 
 
@@ -289,6 +305,7 @@ def validate(config):
   _check(config.masking.max_predictions >= 0,
          f"masking.max_predictions={config.masking.max_predictions}; use >= 1, or 0 for ceil(seq_len x mask_prob)")
   _validate_phases(config)
+  attention_lib.check(m.attention, m.attention_dropout, m.dtype, [p.config.seq_len for p in phases(config)])
   _check(0 < config.data.eval_fraction < 1, f"data.eval_fraction={config.data.eval_fraction} must be in (0, 1)")
   _check(config.data.format in ("auto",) + instances.FORMATS,
          f"data.format={config.data.format!r}; use auto, electra, single, full_sentences or packed "

@@ -47,7 +47,7 @@ def teacher_run_config(path: str) -> ml_collections.ConfigDict:
   return hf_configs.from_hf(hf, hf_configs.family_of(hf), {"mlm"})
 
 
-def teacher_model(config):
+def teacher_model(config, platform: str | None = None):
   """The teacher's Pretrainer: its main encoder and MLM head (no sentence head, no generator)."""
   from bertjax import config as config_lib
   from bertjax.model.pretrain import Pretrainer
@@ -55,15 +55,16 @@ def teacher_model(config):
   t = teacher_run_config(config.teacher)
   if "rtd" in config_lib.active_objectives(t):
     raise UserError("the teacher is an ELECTRA discriminator, which has no MLM head; distil from an MLM model")
-  return Pretrainer(cfg=config_lib.encoder_config(t.model))
+  return Pretrainer(cfg=config_lib.encoder_config(t.model, platform=platform))
 
 
-def make_distiller(config, student):
-  """The Distiller of `student` (the config's Pretrainer) and the config's teacher."""
+def make_distiller(config, student, platform: str | None = None):
+  """The Distiller of `student` (the config's Pretrainer) and the config's teacher (attention
+  implementations for `platform`)."""
   from bertjax import config as config_lib
   from bertjax.model.distill import Distiller
 
-  teacher = teacher_model(config)
+  teacher = teacher_model(config, platform)
   objectives = config_lib.active_objectives(config)
   layers = bool(set(objectives) & set(LAYER_OBJECTIVES))
   s, t = student.cfg, teacher.cfg
@@ -76,6 +77,9 @@ def make_distiller(config, student):
   if "distill_attention" in objectives and s.num_heads != t.num_heads:
     raise UserError(f"distill_attention needs the teacher's head count ({t.num_heads}, student {s.num_heads}); "
                     "set --config.objectives.distill_attention=0")
+  if "distill_attention" in objectives and (s.attention, t.attention) != ("xla", "xla"):
+    raise UserError("distill_attention compares attention maps, which only the xla attention forms; set "
+                    "--config.model.attention=xla")
   if layers and s.num_layers > t.num_layers:
     raise UserError(f"the student has more layers ({s.num_layers}) than the teacher ({t.num_layers})")
   return Distiller(student, teacher, temperature=config.distill.temperature, layer_outputs=layers)

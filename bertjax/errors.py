@@ -69,7 +69,8 @@ def config_and_phase_flags(example: str, what: str):
   from ml_collections import config_flags
 
   config = config_flags.DEFINE_config_file("config", None, f"config file, e.g. {example}", lock_config=True)
-  phase = flags.DEFINE_integer("phase", 1, f"the training phase whose shapes to {what} (configs with phases)")
+  phase = flags.DEFINE_integer("phase", 0, f"the training phase whose shapes to {what} (configs with phases); "
+                               "0: the phase at --config.seq_len, else the run's shapes as given")
   flags.mark_flags_as_required(["config"])
 
   def phase_config():

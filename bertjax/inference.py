@@ -70,8 +70,11 @@ def hidden_states(config, params, input_ids, type_ids) -> np.ndarray:
 
 def attention_probs(config, params, input_ids, type_ids, groups=None) -> np.ndarray:
   """Attention probabilities [layers, B, heads, S, S] of the main encoder: the softmax each layer computes
-  in the forward pass (rows sum to 1). Inputs are unpadded, or padded with `groups` [B, S] (1 = real token:
-  padding keys then get no attention; padding query rows are meaningless)."""
+  in the forward pass (rows sum to 1): the xla attention, the only one that forms them, whatever
+  model.attention says. Inputs are unpadded, or padded with `groups` [B, S] (1 = real token: padding keys
+  then get no attention; padding query rows are meaningless)."""
+  config = config.copy_and_resolve_references()
+  config.model.attention = "xla"
   more = () if groups is None else (groups,)
   _, sown = _apply(config, _encode_fn, params, input_ids, type_ids, ("intermediates",), *more)
   found = [v for path, v in jax.tree_util.tree_leaves_with_path(sown["intermediates"]["encoder"])

@@ -154,6 +154,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   n_proc, proc = jax.process_count(), jax.process_index()
   mesh = sharding.make_mesh(config.sharding, overrides=dict(config.mesh))
   n_dev = jax.device_count()
+  attention = build.attention_notice(config, mesh)  # a kernel this platform cannot run fails now
   for phase in plan:
     batch, name = phase.config.batch_size, "batch_size" if len(plan) == 1 else f"phases[{phase.index}].batch_size"
     micro = batch // config.grad_accum_steps
@@ -181,6 +182,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
               f"preset {config.sharding}; " + "; ".join(
                   f"{describe_phase(p, len(plan))}: batch per host {p.config.batch_size // n_proc}, per device "
                   f"{p.config.batch_size // n_dev}" for p in plan) + f"; all-reduce self-test {allreduce_s:.2f}s")
+
+  writer.info(attention)
 
   # ---------------------------------------------------------------- State
   # Resume order: (1) the latest checkpoint in workdir (same run, exact), (2) weights from

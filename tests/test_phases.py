@@ -78,3 +78,18 @@ def test_summary_prints_the_recipe():
   assert f"recipe: 2 phases, 1,000,000 steps, {900_000 * 256 * 128 + 100_000 * 256 * 512:,} tokens" in text
   assert "seq_len 512, max_predictions 20" in summary.summarize(load_config("configs/albert.py:base"))
 
+
+
+def test_one_shape_clis_compile_the_phase_at_the_given_seq_len():
+  """aot and bench (--phase, default 0): the phase trained at --config.seq_len, else the run's shapes as given;
+  an explicit --phase wins."""
+  c = load_config("configs/bert.py:large")
+  assert config_lib.phase_config(c).seq_len == 128
+  c.seq_len, c.batch_size = 512, 256
+  second = config_lib.phase_config(c)
+  assert (second.seq_len, second.batch_size, config_lib.max_predictions(second)) == (512, 256, 80)
+  c.seq_len = 256  # no phase trains at 256: the shapes as given
+  assert config_lib.phase_config(c).seq_len == 256 and config_lib.max_predictions(config_lib.phase_config(c)) == 39
+  assert config_lib.phase_config(c, 1).seq_len == 128
+  with pytest.raises(config_lib.UserError, match="--phase=3"):
+    config_lib.phase_config(c, 3)

@@ -90,3 +90,26 @@ def test_random_streams_never_share_a_key():
   words = {tuple(np.asarray(jax.random.key_data(k)).tolist()) for k in keys.values()}
   assert len(words) == len(keys)
 
+
+
+def test_parameter_and_update_norms_only_on_logged_steps():
+  """param_norm and update_norm are computed on the steps the loop logs (every log_every-th, phase ends),
+  and a log window's value is that step's: the norm of the parameters and of the change it made."""
+  from bertjax.metrics import finalize, sum_metrics
+
+  config = micro(batch_size=16)
+  config.log_every = 2
+  mesh = sharding.make_mesh("dp", devices=jax.devices()[:1])
+  steps = build.make_steps(config, mesh, SPM_SPECIAL)
+  assert steps.cfg.report_every == 2 and steps.cfg.report_at == (config.total_steps,)
+  state = steps.init(jax.random.key(0))
+  state, first = steps.train(state, _batch(config, 0))  # step 1: not logged
+  assert float(first["param_norm"].count) == 0 and float(first["update_norm"].total) == 0
+  before = jax.tree.map(np.array, state.params)
+  state, second = steps.train(state, _batch(config, 1))  # step 2: logged
+  after = jax.tree.map(np.asarray, state.params)
+  norm = lambda tree: np.sqrt(sum(np.sum(np.square(x, dtype=np.float64)) for x in jax.tree.leaves(tree)))
+  window = finalize(jax.device_get(sum_metrics(first, second)))
+  np.testing.assert_allclose(window["param_norm"], norm(after), rtol=1e-5)
+  np.testing.assert_allclose(window["update_norm"], norm(jax.tree.map(np.subtract, after, before)), rtol=1e-4)
+  assert window["update_norm"] > 0

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bertjax import sharding as sh
+from bertjax.model import attention as attention_lib
 
 SHARING_MODES = ("none", "all", "attention", "ffn")
 # Up to this depth the layer scan is unrolled (same parameters, initialization and randomness): a rolled
@@ -62,6 +63,7 @@ class EncoderConfig:
   activation: str = "gelu"  # gelu (exact erf, BERT) | gelu_new (tanh approximation, ALBERT)
   position_offset: int = 0  # first position id (HF RoBERTa counts from padding_idx + 1 = 2)
   scan_unroll: int = 0  # layers per scan iteration; 0: all of them up to UNROLL_MAX_LAYERS, else 1
+  attention: str = "xla"  # resolved implementation (bertjax.model.attention): xla | dot_product | cudnn | splash
   head_size: int = 0  # width of one head; 0: hidden_size // num_heads (set when heads were pruned away)
 
   @property
@@ -244,12 +246,23 @@ class Dense(nn.Module):
     n_in = len(self.in_shape)
     kernel = self.param("kernel", _init(self.cfg, self.names), self.in_shape + self.out_shape)
     bias = self.param("bias", _zeros(self.names[n_in:]), self.out_shape)
-    # flax's own promote_dtype and lax.dot_general (what tensordot lowers to), as nn.Dense calls them, so that
-    # quantization libraries intercepting them (qwix: bertjax.quantize) see every weight matmul.
+    # flax's promote_dtype (as nn.Dense calls it): quantization libraries intercept it (qwix: bertjax.quantize).
     x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.cfg.dtype)
-    contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
-    y = jax.lax.dot_general(x, kernel, (contract, ((), ())))
-    return y + bias.astype(self.cfg.dtype)
+    return tokens_matmul(x, kernel, n_in) + bias.astype(self.cfg.dtype)
+
+
+def tokens_matmul(x, kernel, n_in: int):
+  """x [..., *in] @ kernel [*in, *out] -> [..., *out], as one 2-D [tokens, in] x [in, out] matmul.
+
+  The weight gradient contracts over every token; as a 2-D matmul it does so in place, while contracting
+  the [batch, seq] axes of a 3-D activation makes XLA:CPU transpose and copy the activation first, one
+  per weight gradient (~7% of a BERT-base CPU step, ~15% of a tiny one). Merging the leading axes is a
+  bitcast, and a batch axis sharded over the mesh stays the major part of the merged one. The product is
+  lax.dot_general called by name, so that quantization libraries intercepting it (qwix) see it."""
+  lead, in_shape, out_shape = x.shape[: x.ndim - n_in], kernel.shape[:n_in], kernel.shape[n_in:]
+  x2, k2 = x.reshape(math.prod(lead), math.prod(in_shape)), kernel.reshape(math.prod(in_shape), math.prod(out_shape))
+  y = jax.lax.dot_general(x2, k2, (((1,), (0,)), ((), ())))
+  return y.reshape(*lead, *out_shape)
 
 
 def dense(cfg: EncoderConfig, in_shape, out_shape, names, name: str) -> Dense:
@@ -285,7 +298,7 @@ class Embeddings(nn.Module):
 
   def attend(self, x):
     """Logits against the word embeddings: the MLM decoder tied to the input embeddings."""
-    return jnp.einsum("...e,ve->...v", x, self.word.astype(x.dtype))
+    return tokens_matmul(x, self.word.astype(x.dtype).T, 1)
 
 
 class Block(nn.Module):
@@ -299,19 +312,24 @@ class Attention(Block):
   """Multi-head self-attention with residual and post-LayerNorm (BERT's attention sub-layer)."""
 
   @nn.compact
-  def __call__(self, x, bias, head_gates=None):
+  def __call__(self, x, mask, head_gates=None):
+    """`mask`: the additive bias [B, 1, S, S] of `attention_bias` for the xla implementation, the groups
+    [B, S] for a fused one (`attention_mask`). `head_gates`: optional [heads] of this layer (bertjax.heads)."""
     c = self.cfg
     proj = lambda n: dense(c, c.hidden_size, (c.num_heads, c.head_dim), (sh.EMBED, sh.HEADS, sh.KV), n)
     q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
-    # Scores, mask and softmax in float32: bf16 softmax loses the small probabilities.
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-    probs = jax.nn.softmax(scores * c.head_dim**-0.5 + bias, axis=-1)
-    # Kept only when the caller asks for the "intermediates" collection (inference's attention maps);
-    # otherwise sow does nothing.
-    self.sow("intermediates", "attention_probs", probs)
-    probs = Dropout(c.attention_dropout)(probs, deterministic=self.deterministic)
-    ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
-    if head_gates is not None:  # [heads] of this layer (bertjax.heads): 0 removes a head, exactly
+    if c.attention == "xla":
+      # Scores, mask and softmax in float32: bf16 softmax loses the small probabilities.
+      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+      probs = jax.nn.softmax(scores * c.head_dim**-0.5 + mask, axis=-1)
+      # Kept only when the caller asks for the "intermediates" collection (inference's attention maps);
+      # otherwise sow does nothing.
+      self.sow("intermediates", "attention_probs", probs)
+      probs = Dropout(c.attention_dropout)(probs, deterministic=self.deterministic)
+      ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
+    else:  # a fused kernel: no [B, H, S, S] array, no attention dropout (config validation sees to it)
+      ctx = attention_lib.fused(c.attention, q, k, v, mask, c.head_dim**-0.5).astype(c.dtype)
+    if head_gates is not None:  # 0 removes a head exactly (its context never reaches the output projection)
       ctx = ctx * head_gates.astype(ctx.dtype)[:, None]
     out = dense(c, (c.num_heads, c.head_dim), c.hidden_size, (sh.HEADS, sh.KV, sh.EMBED), "output")(ctx)
     out = Dropout(c.dropout)(out, deterministic=self.deterministic)
@@ -349,11 +367,11 @@ class Layer(Block):
   """One transformer layer; blocks it does not own come in as `shared` parameters (ALBERT sharing)."""
 
   @nn.compact
-  def __call__(self, x, layer_index, bias, shared, head_gates=None):
+  def __call__(self, x, layer_index, mask, shared, head_gates=None):
     c = self.cfg
     group = layer_index * c.num_groups // c.num_layers  # ALBERT: consecutive layers form a group
     for name, block in BLOCKS.items():
-      args = (x, bias, head_gates) if name == "attention" else (x,)
+      args = (x, mask, head_gates) if name == "attention" else (x,)
       if name in shared:
         params = jax.tree.map(lambda p: p[group], shared[name])
         rngs = {} if self.deterministic else {"dropout": self.make_rng("dropout")}
@@ -374,6 +392,8 @@ class Layer(Block):
 def _stacked_init(block_cls, cfg: EncoderConfig, n: int):
   """Initializer of `n` stacked copies of a block's parameters, with a leading `layers` axis name."""
 
+  cfg = dataclasses.replace(cfg, attention="xla")  # the parameters do not depend on the implementation
+
   def init(rng):
     x = jnp.zeros((1, 1, cfg.hidden_size), cfg.dtype)
     args = (x, jnp.zeros((1, 1, 1, 1), jnp.float32)) if block_cls is Attention else (x,)
@@ -393,6 +413,12 @@ def attention_bias(groups):
   """
   allowed = (groups[:, :, None] == groups[:, None, :]) & (groups[:, None, :] > 0)
   return jnp.where(allowed, 0.0, -1e9).astype(jnp.float32)[:, None]
+
+
+def attention_mask(cfg: EncoderConfig, groups):
+  """What every layer's attention takes: the additive bias for the xla implementation, the groups
+  themselves (read as segment ids) for a fused kernel."""
+  return attention_bias(groups) if cfg.attention == "xla" else groups
 
 
 class Encoder(Block):
@@ -421,5 +447,5 @@ class Encoder(Block):
         unroll=layers_per_iteration(c),
     )
     x, _ = scanned(c, self.deterministic, name="layers")(
-        x, jnp.arange(c.num_layers), attention_bias(groups), shared, head_gates)
+        x, jnp.arange(c.num_layers), attention_mask(c, groups), shared, head_gates)
     return x
