@@ -257,11 +257,12 @@ def tokens_matmul(x, kernel, n_in: int):
   The weight gradient contracts over every token; as a 2-D matmul it does so in place, while contracting
   the [batch, seq] axes of a 3-D activation makes XLA:CPU transpose and copy the activation first, one
   per weight gradient (~7% of a BERT-base CPU step, ~15% of a tiny one). Merging the leading axes is a
-  bitcast, and a batch axis sharded over the mesh stays the major part of the merged one. The product is
-  lax.dot_general called by name, so that quantization libraries intercepting it (qwix) see it."""
-  lead, in_shape, out_shape = x.shape[: x.ndim - n_in], kernel.shape[:n_in], kernel.shape[n_in:]
-  x2, k2 = x.reshape(math.prod(lead), math.prod(in_shape)), kernel.reshape(math.prod(in_shape), math.prod(out_shape))
-  y = jax.lax.dot_general(x2, k2, (((1,), (0,)), ((), ())))
+  bitcast, and a batch axis sharded over the mesh stays the major part of the merged one. The kernel keeps
+  its shape (the token axis is the activation's only leading axis either way), and the product is
+  lax.dot_general called by name: quantization libraries intercepting it (qwix) see the parameter itself."""
+  lead, out_shape = x.shape[: x.ndim - n_in], kernel.shape[n_in:]
+  x2 = x.reshape(math.prod(lead), *x.shape[x.ndim - n_in:])
+  y = jax.lax.dot_general(x2, kernel, ((tuple(range(1, n_in + 1)), tuple(range(n_in))), ((), ())))
   return y.reshape(*lead, *out_shape)
 
 
