@@ -99,7 +99,7 @@ def test_libtpu_without_a_tpu_prints_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("module", ["train", "summary", "bench", "aot", "prepare", "finetune", "hf",
-                                    "heads"])
+                                    "heads", "analysis", "distill"])
 def test_every_cli_parses_its_flags_into_one_line_errors(module):
   import subprocess
   import sys

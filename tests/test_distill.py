@@ -152,3 +152,12 @@ def test_the_distill_command_compares_with_the_student_alone_and_writes_the_stud
   jax.tree.map(np.testing.assert_array_equal, saved["teacher"]["encoder"], teacher_params["encoder"])
   loaded = inference.load(workdir=os.path.join(w, "student"))  # the student alone, a plain workdir
   jax.tree.map(np.testing.assert_array_equal, loaded.params["encoder"], saved["student"]["encoder"])
+
+
+def test_distill_without_a_teacher_is_a_one_line_error(tmp_path):
+  from bertjax import distill
+  from bertjax.errors import UserError
+
+  with pytest.raises(UserError, match="set --config.teacher"):
+    distill.run(micro("configs/distill.py:tiny"), str(tmp_path / "w"))
+  assert not (tmp_path / "w").exists()  # nothing written
