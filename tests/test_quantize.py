@@ -59,3 +59,20 @@ def test_qat_passes_gradients_straight_through(model_and_inputs):
   b = np.asarray(g_float["encoder"]["layers"]["attention"]["query"]["kernel"])
   assert np.isfinite(a).all() and np.abs(a).max() > 0
   assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.9  # close to the float gradient, not zero (rounding's)
+
+
+def test_finetuning_evaluates_the_int8_model(model_and_inputs):
+  """finetune's model.quantize=int8 scores the int8 model made from the fine-tuned params."""
+  from bertjax.finetune import train
+  from conftest import load_config
+
+  model, params, inputs = model_and_inputs
+  config = load_config("configs/finetune.py:tiny")
+  config.model.quantize, config.eval_batch_size = "int8", 16
+  arrays = dict(input_ids=inputs[0], type_ids=inputs[1], groups=inputs[2], label=np.zeros(16, np.int32))
+  q = quantize.int8(model)
+  expected = q.apply({"params": quantize.int8_params(q, params, *inputs)}, *inputs)
+  np.testing.assert_allclose(train.evaluator(config, model, arrays)(params), expected, atol=1e-6)
+  config.model.quantize, config.init.checkpoint, config.task.source = "int4", "ckpt", "tsv:dir"
+  with pytest.raises(train.UserError, match="model.quantize='int4'"):
+    train.validate(config)
