@@ -20,7 +20,13 @@ What it measures, on this machine:
 
   python benchmarks/data_pipeline.py --compare --mb=4 --steps=200  # our shards and loader vs ArrayRecord and grain
 
-3. `--compare` (alone): the same prepared train rows (batch 256, seq 128) read side by side in one run:
+  python benchmarks/data_pipeline.py --hosts=4 [--shards=DIR] --steps=300   # per-host reads on a pod
+
+3. `--hosts=N` (alone): the read rate of each of N hosts taking its share of every global batch
+   (`pipeline.batch_at` with process_index p of N: batch_size / N rows a step, a fresh memory map per host),
+   rows/s, tokens/s and MB/s of rows, the shard files each host opened, against one host reading whole
+   batches. Over `--shards=DIR` (prepared by `python -m bertjax.prepare`), else the config's own data.
+4. `--compare` (alone): the same prepared train rows (batch 256, seq 128) read side by side in one run:
    random-access batch reads of our .rows shard (memmap) vs the same rows as ArrayRecord records
    (group_size 1, uncompressed: the random-access setting), and our loader (`pipeline.batch_at`, a per-(seed, epoch)
    permutation computed per index) vs a grain MapDataset with a per-epoch shuffle over the same rows
@@ -154,6 +160,31 @@ def loader_throughput(config_spec: str, shards_dir: str, steps: int) -> dict:
               loader_to_device_tokens_per_sec=device, loader_rss_growth_bytes=growth)
 
 
+def per_host_reads(config_spec: str, hosts: int, steps: int, shards_dir: str = "") -> dict:
+  """Each of `hosts` processes' read rate of its share of every global batch (see the docstring, 3.)."""
+  from bertjax import config as config_lib
+  from bertjax.data import pipeline, shards
+
+  config = config_lib.load(os.path.join(REPO, config_spec))
+  if shards_dir:
+    config.data.source = f"shards:{shards_dir}"
+  train = pipeline.build(config).train
+  b, s = config.batch_size, config.seq_len
+  if b % hosts:
+    raise SystemExit(f"error: batch_size {b} is not divisible by --hosts={hosts}")
+  results = dict(config=config_spec, source=config.data.source, rows=len(train), shard_files=len(train.shards),
+                 batch_size=b, seq_len=s, row_bytes=train.dtype.itemsize, hosts=[])
+  for p, n in [(p, hosts) for p in range(hosts)] + [(0, 1)]:
+    rows = shards.Rows(train.directory, train.shards, train.dtype)  # this host's own mappings
+    per_second = _timed(lambda k: pipeline.batch_at(rows, k, b, config.seed, p, n), steps)  # batches/s
+    share = b // n
+    results["hosts"].append(dict(process=p, processes=n, rows_per_step=share, rows_per_sec=per_second * share,
+                                 tokens_per_sec=per_second * share * s,
+                                 mb_per_sec=per_second * share * train.dtype.itemsize / 2**20,
+                                 files_opened=len(rows.opened)))
+  return results
+
+
 def _timed(fn, steps: int) -> float:
   """Calls per second of fn(step) over `steps` steps, after one warm-up call; the best of three rounds."""
   fn(0)
@@ -235,10 +266,25 @@ def main():
   parser.add_argument("--steps", type=int, default=300, help="loader steps to time")
   parser.add_argument("--json", default="", help="also write the results here")
   parser.add_argument("--compare", action="store_true", help="only: our shards/loader vs ArrayRecord/grain")
+  parser.add_argument("--hosts", type=int, default=0, help="only: each of N hosts' read rate of its batch share")
+  parser.add_argument("--shards", default="", help="--hosts: prepared shards to read (default: the config's data)")
   args = parser.parse_args()
   from bertjax import runtime
 
   runtime.setup()  # what every entry point does first: platform, host memory, JAX flags
+
+  if args.hosts:
+    results = per_host_reads(args.config, args.hosts, args.steps, args.shards)
+    print(f"{results['rows']:,} rows in {results['shard_files']} shard files ({results['source']}), global batch "
+          f"{results['batch_size']} x {results['seq_len']}, {results['row_bytes']} bytes a row")
+    print(f"{'host':<8} {'rows/step':>9} {'rows/s':>10} {'tokens/s':>12} {'MB/s':>8} {'files opened':>13}")
+    for h in results["hosts"]:
+      print(f"{h['process']}/{h['processes']:<6} {h['rows_per_step']:>9} {h['rows_per_sec']:>10,.0f} "
+            f"{h['tokens_per_sec']:>12,.0f} {h['mb_per_sec']:>8.1f} {h['files_opened']:>13}")
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(results, f, indent=2)
+    return
 
   if args.compare:
     results = compare_grain_arrayrecord(args.mb, args.steps)

@@ -1,23 +1,34 @@
-"""bertjax's train step against HF transformers' BertForPreTraining in PyTorch, side by side on CPU.
+"""bertjax's train step against HF transformers' BERT pretraining model in PyTorch, side by side.
 
-Same BERT config (float32), batch, sequence length and thread count; both train with dropout 0.1, MLM on
-15% of the tokens plus NSP, AdamW and gradient clipping at 1.0. bertjax runs its real jitted train step
-(masking on device included); PyTorch runs eager HF (its default attention), with the masked batch made
-once beforehand, as a data loader would. PyTorch runs in a process of its own, so that each side has its
-own glibc malloc policy (`bertjax/runtime.py`: `BERTJAX_HOST_MALLOC=retain` for bertjax's process,
-`--torch_malloc=retain` for PyTorch's) and neither's worker threads spin in the other's way. Steps
-of the two alternate in rounds, so both see the same machine load; the medians and their ratio are
-printed, then one JSON line. bertjax's MFU is against a 2048^3 float32 matmul timed between its steps,
-as `python -m bertjax.bench` does on CPU.
+Same BERT config, batch, sequence length and precision; both train MLM on 15% of the tokens plus NSP with
+AdamW and gradient clipping at 1.0. bertjax runs its real jitted train step (masking on device included);
+PyTorch runs HF's `BertModel` + `BertPreTrainingHeads` with the masked batch made once beforehand, as a data
+loader would. PyTorch runs in a process of its own (its own glibc malloc policy on CPU:
+`bertjax/runtime.py`'s `BERTJAX_HOST_MALLOC=retain` for bertjax's process, `--torch_malloc=retain` for
+PyTorch's; on GPU, its own CUDA context). Steps of the two alternate in rounds, so both see the same machine
+load; the medians and their ratio are printed, then one JSON line.
 
-Note that HF's BertForPreTraining decodes all `seq_len` positions through the vocabulary (bertjax only
-the `max_predictions` masked slots), so it does more FLOPs per token; `hf_flops_per_token` counts them.
+**Equal work.** bertjax decodes only the `max_predictions` masked slots through the vocabulary; HF's
+`BertForPreTraining.forward` decodes every position (1.22x the FLOPs at base, 1.46x at tiny). By default
+(`--torch_head=masked`) the PyTorch side gathers the masked positions and applies the same prediction head
+(HF's own `cls.predictions`) to them only, so both do the same FLOPs per token and the ratio of tokens/s is
+the ratio of speed. `--torch_head=all` runs stock `BertForPreTraining` instead; then the FLOP-normalized ratio
+(both counted by `bertjax.flops`, HF's with the head on every position) is the comparable one.
 
-  python benchmarks/vs_pytorch.py                        # tiny (batch 32) and base (batch 8), seq 128
+CPU (default): float32, dropout 0.1 on both sides, PyTorch's default attention; MFU against a 2048^3 float32
+matmul timed between bertjax's steps, as `python -m bertjax.bench` does.
+GPU (`--device=gpu`): bfloat16 compute; bertjax with its fastest attention (`model.attention=auto`: cuDNN
+flash attention, which needs attention dropout 0, so both sides train with attention dropout 0 and hidden
+dropout 0.1); PyTorch with bf16 autocast, SDPA attention and fused AdamW, eager and (a second row)
+`torch.compile`d. MFU against the GPU's dense bf16 peak (`bertjax.flops.PEAK_FLOPS`), peak memory of each.
+
+  python benchmarks/vs_pytorch.py                        # CPU: tiny (batch 32) and base (batch 8), seq 128
   python benchmarks/vs_pytorch.py --variants=base --batch_size=8 --steps=5 --rounds=3
-  BERTJAX_HOST_MALLOC=retain python benchmarks/vs_pytorch.py --torch_malloc=retain   # README's figures
+  BERTJAX_HOST_MALLOC=retain python benchmarks/vs_pytorch.py --torch_malloc=retain   # README's CPU figures
+  python benchmarks/vs_pytorch.py --device=gpu           # one GPU: BERT-large 32 x 512, BERT-base 128 x 128
 """
 
+import functools
 import json
 import multiprocessing
 import os
@@ -32,34 +43,36 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from bertjax import bench, config as config_lib, runtime
+from bertjax import bench, config as config_lib, flops, runtime
 from bertjax.data.tokenizer import SPM_SPECIAL
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Default batch per variant: tiny's own recipe; base at the batch `python -m bertjax.bench` is quoted at.
-BATCH_SIZES = {"tiny": 32, "base": 8, "large": 4}
-_VARIANTS = flags.DEFINE_list("variants", ["tiny", "base"], "configs/bert.py variants to compare")
-_BATCH = flags.DEFINE_integer("batch_size", 0, "global batch size for every variant (0: BATCH_SIZES)")
-_SEQ = flags.DEFINE_integer("seq_len", 128, "sequence length")
-_STEPS = flags.DEFINE_integer("steps", 5, "timed steps per side and round")
-_ROUNDS = flags.DEFINE_integer("rounds", 2, "rounds of alternating bertjax / PyTorch steps")
-_THREADS = flags.DEFINE_integer("threads", 0, "PyTorch intra-op threads (0: all cores, as XLA uses)")
-_TORCH_MALLOC = flags.DEFINE_enum("torch_malloc", "default", ["default", "retain"],
-                                  "the PyTorch process's glibc malloc policy (bertjax/runtime.py)")
+# Default (batch, seq_len) per device and variant. CPU: tiny's own recipe; base at the batch `python -m
+# bertjax.bench` is quoted at. GPU: the shapes the issue's targets name (BERT-large at 512, base at 128), with
+# batches that keep one H100 busy.
+SHAPES = {"cpu": {"tiny": (32, 128), "base": (8, 128), "large": (4, 128)},
+          "gpu": {"large": (32, 512), "base": (128, 128), "tiny": (256, 128)}}
+DEFAULT_VARIANTS = {"cpu": ["tiny", "base"], "gpu": ["large", "base"]}
 
 
-def bert_config(variant: str, batch_size: int, seq_len: int):
-  """The variant's bertjax config in float32 at the benchmark's batch and sequence length."""
+
+def bert_config(variant: str, batch_size: int, seq_len: int, device: str = "cpu"):
+  """The variant's bertjax config at the benchmark's batch and sequence length: float32 on CPU; bf16 on GPU
+  with attention dropout 0 (what lets `model.attention=auto` pick cuDNN flash attention)."""
   config = config_lib.load(os.path.join(REPO, f"configs/bert.py:{variant}"))
-  config.model.dtype = "float32"
-  config.batch_size = batch_size or BATCH_SIZES.get(variant, 8)
-  config.seq_len = seq_len
+  default_batch, default_seq = SHAPES[device].get(variant, (8, 128))
+  config.batch_size, config.seq_len = batch_size or default_batch, seq_len or default_seq
+  config.phases = ()  # one shape: the one given
+  config.model.dtype = "bfloat16" if device == "gpu" else "float32"
+  if device == "gpu":
+    config.model.attention_dropout = 0.0
+    config.model.attention = "auto"
   return config
 
 
-def torch_spec(config) -> dict:
+def torch_spec(config, device: str = "cpu", head: str = "masked") -> dict:
   """What the PyTorch process needs of the config: HF BertConfig arguments (same sizes, dropout and
-  LayerNorm epsilon), AdamW's and the clipping norm."""
+  LayerNorm epsilon), AdamW's and the clipping norm, where it runs and which MLM head it trains."""
   m, o = config.model, config.optimizer
   return dict(
       bert=dict(vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
@@ -68,55 +81,86 @@ def torch_spec(config) -> dict:
                 max_position_embeddings=m.max_positions, type_vocab_size=m.type_vocab_size,
                 layer_norm_eps=m.layer_norm_eps, initializer_range=m.init_std),
       adamw=dict(lr=config.learning_rate, betas=(o.b1, o.b2), eps=o.eps, weight_decay=o.weight_decay),
-      clip_norm=o.clip_norm)
+      clip_norm=o.clip_norm, device=device, head=head)
 
 
 def torch_model(spec: dict):
-  """HF BertForPreTraining from `torch_spec`, in train mode, and its AdamW."""
+  """HF BertForPreTraining from `torch_spec`, in train mode, on its device (on GPU with SDPA attention),
+  and its AdamW (fused on GPU)."""
   import torch
   from transformers import BertConfig, BertForPreTraining
 
-  model = BertForPreTraining(BertConfig(**spec["bert"])).train()
-  return model, torch.optim.AdamW(model.parameters(), **spec["adamw"])
+  gpu = spec["device"] == "gpu"
+  kwargs = dict(attn_implementation="sdpa") if gpu else {}
+  model = BertForPreTraining(BertConfig(**spec["bert"], **kwargs)).train().to("cuda" if gpu else "cpu")
+  opt = torch.optim.AdamW(model.parameters(), **spec["adamw"], **(dict(fused=True) if gpu else {}))
+  return model, opt
 
 
 def torch_batch(config, batch: dict, seed: int = 0) -> dict:
   """The synthetic batch masked as BERT does (15% of non-special tokens, at most max_predictions per
-  row; 80% [MASK], 10% random, 10% kept), as int64 arrays (torch's inputs) with -100 on unscored positions."""
+  row; 80% [MASK], 10% random, 10% kept), as int64 arrays (torch's inputs): `labels` with -100 on unscored
+  positions (stock HF head), and the same targets as bertjax gathers them, `mlm_positions` / `mlm_labels`
+  [batch, max_predictions] with -100 on unused slots (masked-only head)."""
   sp = SPM_SPECIAL
   rng = np.random.default_rng(seed)
   ids = batch["input_ids"].copy()
   labels = np.full_like(ids, -100)
   p = config_lib.masking_config(config, sp)
+  positions = np.zeros((ids.shape[0], p.max_predictions), np.int64)
+  slot_labels = np.full((ids.shape[0], p.max_predictions), -100, np.int64)
   for row in range(ids.shape[0]):
     candidates = np.nonzero(~np.isin(ids[row], [sp.pad, sp.unk, sp.cls, sp.sep, sp.mask]))[0]
     n = min(p.max_predictions, max(1, round(len(candidates) * p.mask_prob)))
-    chosen = rng.choice(candidates, n, replace=False)
+    chosen = np.sort(rng.choice(candidates, n, replace=False))
     labels[row, chosen] = ids[row, chosen]
+    positions[row, :n], slot_labels[row, :n] = chosen, ids[row, chosen]
     u = rng.random(n)
     ids[row, chosen[u < 0.8]] = sp.mask
     rand = chosen[(u >= 0.8) & (u < 0.9)]
     ids[row, rand] = rng.integers(5, config.model.vocab_size, len(rand))
   t = lambda a: np.asarray(a, np.int64)
   return dict(input_ids=t(ids), token_type_ids=t(batch["type_ids"]), attention_mask=t(batch["groups"] > 0),
-              labels=t(labels), next_sentence_label=t(batch["sentence_label"]))
+              labels=t(labels), next_sentence_label=t(batch["sentence_label"]), mlm_positions=positions,
+              mlm_labels=slot_labels)
 
 
-def torch_step(model, opt, batch, clip_norm: float):
+def torch_loss(model, batch: dict, head: str):
+  """MLM + NSP loss. `all`: stock BertForPreTraining (vocabulary logits at every position). `masked`: HF's
+  encoder and heads, the prediction head applied to the gathered masked positions only (bertjax's work)."""
+  import torch.nn.functional as F
+
+  inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+  if head == "all":
+    return model(**inputs, labels=batch["labels"], next_sentence_label=batch["next_sentence_label"]).loss
+  sequence, pooled = model.bert(**inputs)[:2]
+  index = batch["mlm_positions"][..., None].expand(-1, -1, sequence.shape[-1])
+  logits = model.cls.predictions(sequence.gather(1, index))  # [batch, max_predictions, vocab]
+  mlm = F.cross_entropy(logits.flatten(0, 1).float(), batch["mlm_labels"].flatten(), ignore_index=-100)
+  return mlm + F.cross_entropy(model.cls.seq_relationship(pooled).float(), batch["next_sentence_label"])
+
+
+def torch_step(loss_fn, model, opt, batch, spec: dict):
+  """One training step; `loss_fn(model, batch)` is `torch_loss` with the spec's head, or its torch.compile."""
   import torch
 
-  loss = model(**batch).loss
+  with torch.autocast("cuda", dtype=torch.bfloat16, enabled=spec["device"] == "gpu"):
+    loss = loss_fn(model, batch)
   loss.backward()
-  torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+  torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip_norm"])
   opt.step()
   opt.zero_grad(set_to_none=True)
 
 
-def time_torch(model, opt, batch, clip_norm: float, steps: int) -> list:
+def time_torch(loss_fn, model, opt, batch, spec: dict, steps: int) -> list:
+  import torch
+
+  sync = torch.cuda.synchronize if spec["device"] == "gpu" else (lambda: None)
   times = []
   for _ in range(steps):
     t0 = time.perf_counter()
-    torch_step(model, opt, batch, clip_norm)
+    torch_step(loss_fn, model, opt, batch, spec)
+    sync()
     times.append(time.perf_counter() - t0)
   return times
 
@@ -135,19 +179,26 @@ def torch_matmul_peak(n: int = 2048, repeats: int = 10) -> float:
   return 2.0 * n**3 / statistics.median(times)
 
 
-def torch_process(conn, spec: dict, batch: dict, threads: int):
-  """The PyTorch side, in its own process: builds the model, then answers ("steps", n) with n step times
-  and ("matmul",) with `torch_matmul_peak()`, until ("close",)."""
+def torch_process(conn, spec: dict, batch: dict, threads: int, compile_model: bool):
+  """The PyTorch side, in its own process: builds the model, then answers ("steps", n) with n step times,
+  ("matmul",) with `torch_matmul_peak()` and ("memory",) with the peak GPU memory (bytes), until ("close",)."""
   runtime.setup()  # BERTJAX_HOST_MALLOC as TorchProcess set it, before torch starts its threads
   import torch
 
   torch.set_num_threads(threads)
   model, opt = torch_model(spec)
-  batch = {k: torch.as_tensor(v) for k, v in batch.items()}
-  conn.send(dict(threads=torch.get_num_threads(), version=torch.__version__))
+  loss_fn = functools.partial(torch_loss, head=spec["head"])
+  if compile_model:
+    loss_fn = torch.compile(loss_fn)
+  device = "cuda" if spec["device"] == "gpu" else "cpu"
+  batch = {k: torch.as_tensor(v).to(device) for k, v in batch.items()}
+  conn.send(dict(threads=torch.get_num_threads(), version=torch.__version__,
+                 device=torch.cuda.get_device_name() if device == "cuda" else "cpu"))
   while (msg := conn.recv())[0] != "close":
     if msg[0] == "steps":
-      conn.send(time_torch(model, opt, batch, spec["clip_norm"], msg[1]))
+      conn.send(time_torch(loss_fn, model, opt, batch, spec, msg[1]))
+    elif msg[0] == "memory":
+      conn.send(torch.cuda.max_memory_allocated() if device == "cuda" else 0)
     else:
       conn.send(torch_matmul_peak())
 
@@ -156,13 +207,15 @@ class TorchProcess:
   """`torch_process` in a child process started with the requested glibc malloc policy (a spawned child
   inherits `BERTJAX_HOST_MALLOC`, which `runtime.setup()` applies first thing in `torch_process`)."""
 
-  def __init__(self, spec: dict, batch: dict, threads: int, malloc: str):
+  def __init__(self, spec: dict, batch: dict, threads: int, malloc: str, compile_model: bool = False):
+    self.spec = spec
     ctx = multiprocessing.get_context("spawn")
     self.conn, child = ctx.Pipe()
     saved = os.environ.get("BERTJAX_HOST_MALLOC")
     os.environ["BERTJAX_HOST_MALLOC"] = malloc
     try:
-      self.proc = ctx.Process(target=torch_process, args=(child, spec, batch, threads), daemon=True)
+      self.proc = ctx.Process(target=torch_process, args=(child, spec, batch, threads, compile_model),
+                              daemon=True)
       self.proc.start()
     finally:
       if saved is None:
@@ -179,6 +232,10 @@ class TorchProcess:
     self.conn.send(("matmul",))
     return self.conn.recv()
 
+  def peak_memory(self) -> int:
+    self.conn.send(("memory",))
+    return self.conn.recv()
+
   def close(self):
     self.conn.send(("close",))
     self.proc.join()
@@ -192,65 +249,116 @@ def hf_flops_per_token(config) -> float:
   return flops.train_flops_per_token(cfg, config.seq_len, config.seq_len, sentence_head=True)
 
 
-def compare(config, steps: int, rounds: int, torch_side: TorchProcess) -> dict:
-  """Side-by-side medians of one `bert_config`'s train step in bertjax and in PyTorch (`torch_side`,
-  already holding its model); bertjax's MFU is against a 2048^3 float32 XLA matmul timed between its
-  steps (same machine load)."""
+def compare(config, steps: int, rounds: int, sides: dict, device: str) -> dict:
+  """Side-by-side medians of one `bert_config`'s train step in bertjax and in each PyTorch process of
+  `sides` (name -> TorchProcess, each holding its model). MFU: on CPU against a 2048^3 float32 XLA matmul
+  timed between bertjax's steps (same machine load), on GPU against the device's dense bf16 peak. Each side's
+  FLOPs per token are counted the same way (`bertjax.flops`): equal for the masked-only head."""
   b = bench.setup(config)
   compiled, compile_seconds = bench.compile_step(b)
   state = b.steps.init(jax.random.key(0))
   state, _ = bench.time_steps(compiled, state, b.batch, 0, 2)  # warm-up
-  torch_side.steps(2)
-  jax_times, torch_times = [], []
-  probe = bench.MatmulProbe()
+  for side in sides.values():
+    side.steps(2)
+  jax_times, torch_times = [], {name: [] for name in sides}
+  probe = bench.MatmulProbe() if device == "cpu" else None
   for _ in range(rounds):
-    state, t = bench.time_steps(compiled, state, b.batch, steps, 0, probe.sample)
+    state, t = bench.time_steps(compiled, state, b.batch, steps, 0, probe.sample if probe else None)
     jax_times += t
-    time.sleep(0.5)  # let the other runtime's worker threads go idle
-    torch_times += torch_side.steps(steps)
+    for name, side in sides.items():
+      time.sleep(0.5)  # let the other runtime's worker threads go idle
+      torch_times[name] += side.steps(steps)
     time.sleep(0.5)
-  tokens, peak = b.batch_size * b.seq_len, probe.flops_per_sec()
-  jax_tps, torch_tps = tokens / statistics.median(jax_times), tokens / statistics.median(torch_times)
+  tokens = b.batch_size * b.seq_len
+  peak = probe.flops_per_sec() if probe else flops.peak_flops(jax.devices()[0])
+  jax_tps = tokens / statistics.median(jax_times)
+  r = dict(batch_size=b.batch_size, seq_len=b.seq_len, dtype=config.model.dtype,
+           attention=b.steps.model.cfg.attention, peak_flops_per_sec=peak,
+           bertjax_tokens_per_sec=jax_tps, bertjax_step_seconds=statistics.median(jax_times),
+           bertjax_compile_seconds=compile_seconds, bertjax_flops_per_token=b.flops_per_token,
+           bertjax_mfu=jax_tps * b.flops_per_token / peak if peak else None,
+           bertjax_peak_memory_bytes=bench.peak_memory(compiled)[0], torch={})
   del state
-  hf_flops = hf_flops_per_token(config)
-  return dict(
-      batch_size=b.batch_size, seq_len=b.seq_len, torch_threads=torch_side.info["threads"],
-      bertjax_tokens_per_sec=jax_tps, torch_tokens_per_sec=torch_tps, ratio=jax_tps / torch_tps,
-      bertjax_step_seconds=statistics.median(jax_times), torch_step_seconds=statistics.median(torch_times),
-      bertjax_compile_seconds=compile_seconds, bertjax_flops_per_token=b.flops_per_token,
-      hf_flops_per_token=hf_flops, bertjax_mfu=jax_tps * b.flops_per_token / peak,
-      torch_mfu_hf_flops=torch_tps * hf_flops / peak, xla_matmul_flops_per_sec=peak,
-  )
+  for name, side in sides.items():
+    head = side.spec["head"]
+    torch_fpt = b.flops_per_token if head == "masked" else hf_flops_per_token(config)
+    tps = tokens / statistics.median(torch_times[name])
+    r["torch"][name] = dict(
+        head=head, threads=side.info["threads"], tokens_per_sec=tps,
+        step_seconds=statistics.median(torch_times[name]), flops_per_token=torch_fpt,
+        mfu=tps * torch_fpt / peak if peak else None, peak_memory_bytes=side.peak_memory(),
+        ratio=jax_tps / tps, flop_normalized_ratio=jax_tps * b.flops_per_token / (tps * torch_fpt))
+  return r
 
 
-def torch_side(config) -> TorchProcess:
-  """A PyTorch process holding the config's model and the masked synthetic batch bertjax also trains on
-  (`bench.setup` draws the same one)."""
+def torch_sides(config, device: str, head: str, threads: int, malloc: str, compiled: bool) -> dict:
+  """PyTorch processes holding the config's model and the masked synthetic batch bertjax also trains on
+  (`bench.setup` draws the same one): `eager`, and on GPU with `compiled` a torch.compile'd one too."""
   batch = torch_batch(config, bench.synthetic_batch(config, config.batch_size))
-  return TorchProcess(torch_spec(config), batch, _THREADS.value or os.cpu_count(), _TORCH_MALLOC.value)
+  spec = torch_spec(config, device, head)
+  names = ["eager"] + (["compiled"] if device == "gpu" and compiled else [])
+  return {name: TorchProcess(spec, batch, threads or os.cpu_count(), malloc, compile_model=name == "compiled")
+          for name in names}
 
 
 def main(argv):
   del argv
+  device = _DEVICE.value
+  if device == "gpu":
+    # Both frameworks share the GPU: JAX must not take 75% of its memory up front.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   runtime.setup()  # what every entry point does first: platform, host memory, JAX flags
-  results, peak, torch_peak = [], bench.matmul_peak(), None
-  for variant in _VARIANTS.value:
-    config = bert_config(variant, _BATCH.value, _SEQ.value)
-    side = torch_side(config)
+  platform = jax.devices()[0].platform
+  if device == "gpu" and platform != "gpu":
+    raise SystemExit(f"error: --device=gpu, but JAX sees {platform} devices; install jax[cuda12] on a GPU machine")
+  results, torch_peak = [], None
+  peak = bench.matmul_peak() if device == "cpu" else flops.peak_flops(jax.devices()[0])
+  for variant in _VARIANTS.value or DEFAULT_VARIANTS[device]:
+    config = bert_config(variant, _BATCH.value, _SEQ.value, device)
+    sides = torch_sides(config, device, _HEAD.value, _THREADS.value, _TORCH_MALLOC.value, _COMPILE.value)
+    eager = sides["eager"]
     if torch_peak is None:
-      torch_peak = side.matmul_peak()
-      print(f"device {jax.devices()[0].device_kind}, {os.cpu_count()} cores, torch {side.info['version']} "
-            f"with {side.info['threads']} threads in its own process (malloc: {_TORCH_MALLOC.value}); "
-            f"2048^3 f32 matmul: XLA {peak / 1e9:.0f} GFLOP/s, PyTorch {torch_peak / 1e9:.0f} GFLOP/s", flush=True)
-    r = dict(variant=variant, **compare(config, _STEPS.value, _ROUNDS.value, side))
-    side.close()
+      torch_peak = eager.matmul_peak() if device == "cpu" else peak
+      print(f"device {jax.devices()[0].device_kind} / {eager.info['device']}, {os.cpu_count()} cores, torch "
+            f"{eager.info['version']} ({eager.info['threads']} threads, malloc {_TORCH_MALLOC.value}), PyTorch head: "
+            f"{_HEAD.value}; " + (f"2048^3 f32 matmul: XLA {peak / 1e9:.0f} GFLOP/s, PyTorch {torch_peak / 1e9:.0f} "
+                                  "GFLOP/s" if device == "cpu" else f"dense bf16 peak {peak / 1e12:.0f} TFLOP/s"),
+            flush=True)
+    r = dict(variant=variant, **compare(config, _STEPS.value, _ROUNDS.value, sides, device))
+    for side in sides.values():
+      side.close()
     results.append(r)
-    print(f"{variant:>6} batch {r['batch_size']} x {r['seq_len']}: bertjax {r['bertjax_tokens_per_sec']:8.0f} tok/s "
-          f"(MFU {r['bertjax_mfu']:.2f}), PyTorch {r['torch_tokens_per_sec']:8.0f} tok/s, "
-          f"ratio {r['ratio']:.2f}x", flush=True)
-  print(json.dumps(dict(xla_matmul_peak=peak, torch_matmul_peak=torch_peak, torch_malloc=_TORCH_MALLOC.value,
-                        results=results)))
+    mfu = lambda x: f"MFU {x:.2f}" if x is not None else "MFU -"
+    gib = lambda x: f"{x / 2**30:.1f} GiB"
+    print(f"{variant:>6} batch {r['batch_size']} x {r['seq_len']} {r['dtype']}: bertjax ({r['attention']} attention) "
+          f"{r['bertjax_tokens_per_sec']:8.0f} tok/s, {mfu(r['bertjax_mfu'])}, peak {gib(r['bertjax_peak_memory_bytes'])}",
+          flush=True)
+    for name, t in r["torch"].items():
+      print(f"{'':>6} PyTorch {name} ({t['head']} head) {t['tokens_per_sec']:8.0f} tok/s, {mfu(t['mfu'])}"
+            + (f", peak {gib(t['peak_memory_bytes'])}" if t["peak_memory_bytes"] else "")
+            + f": ratio {t['ratio']:.2f}x (FLOP-normalized {t['flop_normalized_ratio']:.2f}x)", flush=True)
+  print(json.dumps(dict(device=device, peak=peak, torch_matmul_peak=torch_peak, torch_malloc=_TORCH_MALLOC.value,
+                        torch_head=_HEAD.value, results=results)))
+
+
+def _define_flags():
+  """The script's flags, defined only when run as a program (tests import its functions)."""
+  global _DEVICE, _VARIANTS, _BATCH, _SEQ, _HEAD, _COMPILE, _STEPS, _ROUNDS, _THREADS, _TORCH_MALLOC
+  _DEVICE = flags.DEFINE_enum("device", "cpu", ["cpu", "gpu"], "where both sides run (gpu: bf16, see above)")
+  _VARIANTS = flags.DEFINE_list("variants", [], "configs/bert.py variants to compare (default: per device)")
+  _BATCH = flags.DEFINE_integer("batch_size", 0, "global batch size for every variant (0: SHAPES)")
+  _SEQ = flags.DEFINE_integer("seq_len", 0, "sequence length (0: SHAPES)")
+  _HEAD = flags.DEFINE_enum("torch_head", "masked", ["masked", "all"],
+                            "PyTorch's MLM head: on the masked positions only, as bertjax (equal work), or on "
+                            "every position (stock BertForPreTraining)")
+  _COMPILE = flags.DEFINE_bool("torch_compile", True, "GPU: also time a torch.compile'd PyTorch (a second row)")
+  _STEPS = flags.DEFINE_integer("steps", 5, "timed steps per side and round")
+  _ROUNDS = flags.DEFINE_integer("rounds", 2, "rounds of alternating bertjax / PyTorch steps")
+  _THREADS = flags.DEFINE_integer("threads", 0, "PyTorch intra-op threads (0: all cores, as XLA uses)")
+  _TORCH_MALLOC = flags.DEFINE_enum("torch_malloc", "default", ["default", "retain"],
+                                    "the PyTorch process's glibc malloc policy (bertjax/runtime.py)")
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

@@ -115,7 +115,8 @@ def defaults() -> ml_collections.ConfigDict:
   c.checkpoint_every = 10_000
   c.keep_checkpoints = 3
   c.max_nonfinite_steps = 10  # stop (saving the last good state) after this many skipped steps in a row
-  c.startup_timeout = 300.0  # seconds the start-up all-reduce may take before the run gives up
+  c.startup_timeout = 300.0  # seconds joining a multi-process job, and then the start-up all-reduce, may take
+  c.heartbeat_timeout = 100.0  # multi-process: seconds a silent process may go before the others stop (jax's default)
   return c
 
 

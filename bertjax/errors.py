@@ -81,28 +81,60 @@ def config_and_phase_flags(example: str, what: str):
   return phase_config
 
 
+def default_workdir(config_spec: str) -> str:
+  """A fresh workdir for a run started without --workdir (one process only: the processes of a multi-host
+  run must agree on one): TMPDIR/bertjax/<config>-<variant>-<time>, printed so the user can find it."""
+  import datetime
+  import os
+  import tempfile
+
+  import jax
+
+  if jax.process_count() > 1:
+    raise UserError("a multi-host run needs --workdir (one directory all processes share, e.g. gs://BUCKET/run)")
+  path, _, variant = config_spec.partition(":")
+  name = "-".join(p for p in (os.path.splitext(os.path.basename(path))[0], variant) if p)
+  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+  base = os.path.join(tempfile.gettempdir(), "bertjax")
+  os.makedirs(base, exist_ok=True)
+  workdir = tempfile.mkdtemp(prefix=f"{name}-{stamp}-", dir=base)  # empty, and no other run's
+  print(f"workdir: {workdir} (no --workdir given)", flush=True)
+  return workdir
+
+
 def run_config_workdir(example: str, workdir_help: str, entry: str):
-  """The whole of a `--config=... --workdir=...` CLI (train, finetune): defines both flags (required),
-  parses them with one-line errors, sets up the process (`runtime.setup()`), then imports `entry`
-  ("module:function") and calls it with (config, workdir)."""
+  """The whole of a `--config=... --workdir=...` CLI (train, finetune): defines both flags (--config
+  required; without --workdir a one-process run gets a fresh one, `default_workdir`), parses them with
+  one-line errors, sets up the process (`runtime.setup()`), then imports `entry` ("module:function") and calls
+  it with (config, workdir)."""
   import importlib
   import os
 
+  from bertjax import supervisor
+
+  if supervisor.wanted():  # one process of several: run under a parent that reports a lost peer in one line
+    sys.exit(supervisor.supervise([sys.executable, *sys.orig_argv[1:]]))
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (tfds), if present, stays quiet
   from absl import flags
   from ml_collections import config_flags
 
   config = config_flags.DEFINE_config_file("config", None, f"config file, e.g. {example}", lock_config=True)
-  workdir = flags.DEFINE_string("workdir", None, workdir_help)
-  flags.mark_flags_as_required(["config", "workdir"])
+  workdir = flags.DEFINE_string("workdir", None, workdir_help + " (default: a new directory under the temp dir)")
+  flags.mark_flags_as_required(["config"])
 
   @cli
   def main(argv):
     del argv
     from bertjax import runtime
 
-    runtime.setup()  # platform, allocator, JAX flags, jax.distributed.initialize() on multi-host jobs
+    c = config.value  # platform, allocator, JAX flags, jax.distributed.initialize() on multi-host jobs:
+    runtime.setup(c.get("startup_timeout", 300.0), c.get("heartbeat_timeout", 100.0))
+    where = workdir.value or default_workdir(flags.FLAGS["config"].config_filename)
     module, _, function = entry.partition(":")
-    getattr(importlib.import_module(module), function)(config.value, workdir.value)
+    try:
+      getattr(importlib.import_module(module), function)(config.value, where)
+    except Exception as e:
+      supervisor.await_lost_peer_report(e, c.get("heartbeat_timeout", 100.0))
+      raise
 
   run(main)

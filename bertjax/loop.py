@@ -25,7 +25,7 @@ from bertjax.model.pretrain import Pretrainer
 # Keys that may change between a run and its resumption (they do not change what is being trained).
 RESUMABLE_KEYS = ("total_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "overwrite",
                   "init_from", "eval_batch_size", "sharding", "sharding_rules", "mesh", "max_nonfinite_steps",
-                  "startup_timeout")
+                  "startup_timeout", "heartbeat_timeout")
 
 
 def manifest(config, tokenizer, mesh, model: Pretrainer) -> dict:
@@ -118,10 +118,16 @@ def global_batch(host_batch: dict, sharding_) -> dict:
 
 
 class _Preemption:
-  """Notes SIGTERM (a preempted VM, `kill`, a scheduler) so the loop can save and exit cleanly."""
+  """Notes SIGTERM (a preempted VM, `kill`, a scheduler) so the loop can save and exit cleanly.
+
+  Only in a one-process run: with several, each process may see its SIGTERM at another step, and one
+  saving (a collective) while another trains would deadlock. There jax.distributed's preemption notifier
+  keeps SIGTERM, and its sync point (`reached_preemption`) names one step at which every process saves."""
 
   def __init__(self):
     self.requested = False
+    if jax.process_count() > 1:
+      return
     try:
       signal.signal(signal.SIGTERM, self._handle)
     except ValueError:  # not the main thread (e.g. inside a notebook worker): no handler
@@ -169,6 +175,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   # ---------------------------------------------------------------- Data (every phase's: a bad input fails now)
   t0 = time.time()
   datasets = {seq_len: pipeline.build(c) for seq_len, c in config_lib.configs_by_seq_len(config).items()}
+  if os.environ.get("BERTJAX_TRACE_ROWS"):  # debug: log the rows this process reads (tests/test_multihost.py)
+    datasets = {k: pipeline.traced(d, os.environ["BERTJAX_TRACE_ROWS"], proc) for k, d in datasets.items()}
   tok = datasets[plan[0].config.seq_len].tokenizer
   if len({d.tokenizer.fingerprint for d in datasets.values()}) > 1:
     raise UserError("the phases' data were made with different tokenizers; prepare them with one "

@@ -77,29 +77,47 @@ def retain_host_memory() -> bool:
   return all([mallopt(param, value) == 1 for param, value in settings])  # a list: apply all three
 
 
-def join_job():
+def multi_process_env() -> bool:
+  """Whether the environment describes a job of several processes (launch/, or a TPU pod slice)."""
+  return int(os.environ.get("JAX_NUM_PROCESSES", "1")) > 1 or "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
+
+
+def join_job(join_timeout_s: float = 300.0, heartbeat_timeout_s: float = 100.0):
   """Joins a multi-process job when the environment describes one.
 
   On TPU pod slices `jax.distributed.initialize()` finds everything itself; elsewhere (multi-GPU,
-  SLURM) JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID name the job (launch/).
+  SLURM, `launch/gpu_multinode.sh --local`) JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID
+  name the job. A process that cannot reach the others within `join_timeout_s` stops with a UserError;
+  once joined, a process that stops sending heartbeats for `heartbeat_timeout_s` is declared lost and
+  jax.distributed ends every other process (bertjax.supervisor turns that into one line). On the CPU the
+  processes' collectives go over gloo (TCP), jax's default `jax_cpu_collectives_implementation`.
   """
   import jax
 
+  from bertjax.errors import UserError
+
   n = int(os.environ.get("JAX_NUM_PROCESSES", "1"))
-  if n > 1:
-    jax.distributed.initialize(
-        coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"], num_processes=n,
-        process_id=int(os.environ["JAX_PROCESS_ID"]))
-  elif "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""):
-    jax.distributed.initialize()
+  if not multi_process_env():
+    return
+  where = dict(coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"], num_processes=n,
+               process_id=int(os.environ["JAX_PROCESS_ID"])) if n > 1 else {}
+  try:
+    jax.distributed.initialize(**where, initialization_timeout=max(1, int(join_timeout_s)),
+                               heartbeat_timeout_seconds=max(1, int(heartbeat_timeout_s)))
+  except Exception as e:  # jax raises its runtime errors (DEADLINE_EXCEEDED, UNAVAILABLE) with gRPC detail
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise UserError(f"could not join the job at {where.get('coordinator_address', 'the TPU coordinator')} as "
+                    f"process {where.get('process_id', '?')} of {n} within {join_timeout_s:.0f}s ({first}); start "
+                    "the same command on every host, process 0 first reachable at JAX_COORDINATOR_ADDRESS") from None
 
 
 _DONE = []
 
 
-def setup():
-  """Platform choice, allocator policy, JAX flags and multi-host initialization; once per process (a
-  second call does nothing)."""
+def setup(join_timeout_s: float = 300.0, heartbeat_timeout_s: float = 100.0):
+  """Platform choice, allocator policy, JAX flags and multi-host initialization (see join_job for the
+  timeouts, which the training CLIs take from config.startup_timeout and config.heartbeat_timeout); once
+  per process (a second call does nothing)."""
   if _DONE:
     return
   _DONE.append(True)
@@ -109,7 +127,7 @@ def setup():
   import jax
 
   jax.config.update("jax_threefry_partitionable", True)  # random bits need no cross-device traffic
-  join_job()
+  join_job(join_timeout_s, heartbeat_timeout_s)
 
 
 def startup_check(mesh, timeout_s: float = 300.0) -> float:

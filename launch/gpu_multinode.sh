@@ -29,6 +29,17 @@
 #
 # With --dry-run as the first argument it prints the environment and the
 # command instead of running them.
+#
+# Local mode, `--local N` as the first arguments: starts N processes on this
+# machine, each this script again with the variables a cluster would give it
+# (BERTJAX_COORDINATOR=127.0.0.1:PORT, BERTJAX_NUM_PROCESSES=N,
+# BERTJAX_PROCESS_ID=i), so the recipe a cluster runs is the one tested here.
+# Each process gets this environment, so on a CPU
+#   XLA_FLAGS=--xla_force_host_platform_device_count=4 launch/gpu_multinode.sh --local 2 \
+#       --config=configs/bert.py:tiny --workdir=/tmp/bert-2proc
+# runs 2 processes of 4 CPU devices each (8 in all), their collectives over gloo.
+# It prints each process's pid, forwards SIGTERM and SIGINT to all of them,
+# waits for all, and exits with the first nonzero exit code (0 if none).
 
 set -euo pipefail
 
@@ -44,6 +55,42 @@ if [[ "${1:-}" == "--dry-run" ]]; then
 fi
 
 port="${BERTJAX_COORDINATOR_PORT:-12355}"
+
+if [[ "${1:-}" == "--local" ]]; then
+  n="${2:-}"
+  [[ "${n}" =~ ^[1-9][0-9]*$ ]] || die "--local takes the number of processes, got '${n}'"
+  shift 2
+  pids=()
+  for ((i = 0; i < n; i++)); do
+    # As a cluster would: explicit coordinator variables, and no SLURM ones to take precedence.
+    env -u SLURM_NTASKS -u SLURM_PROCID BERTJAX_COORDINATOR="127.0.0.1:${port}" BERTJAX_NUM_PROCESSES="${n}" \
+      BERTJAX_PROCESS_ID="${i}" "$0" $( ((dry_run)) && echo --dry-run) "$@" &
+    pids+=($!)
+    echo "launch: process ${i} of ${n}: pid $!" >&2
+  done
+  trap 'kill -TERM "${pids[@]}" 2>/dev/null || true' TERM
+  trap 'kill -INT "${pids[@]}" 2>/dev/null || true' INT
+  status=0
+  for ((i = 0; i < n; i++)); do
+    rc=0
+    wait "${pids[i]}" || rc=$?
+    # A trapped signal (forwarded above) makes `wait` return early, above 128, while the process runs on.
+    while ((rc > 128)) && kill -0 "${pids[i]}" 2>/dev/null; do
+      rc=0
+      wait "${pids[i]}" || rc=$?
+    done
+    if ((rc > 128)); then  # it ended meanwhile: bash kept its status (127 if bash has none)
+      again=0
+      wait "${pids[i]}" 2>/dev/null || again=$?
+      ((again == 127)) || rc="${again}"
+    fi
+    if ((rc != 0)); then
+      echo "launch: process ${i} exited with ${rc}" >&2
+      ((status != 0)) || status="${rc}"
+    fi
+  done
+  exit "${status}"
+fi
 
 if [[ -n "${SLURM_NTASKS:-}" && -n "${SLURM_PROCID:-}" ]]; then
   num_processes="${SLURM_NTASKS}"

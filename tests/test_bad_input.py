@@ -109,3 +109,19 @@ def test_every_cli_parses_its_flags_into_one_line_errors(module):
   proc = subprocess.run([sys.executable, "-m", f"bertjax.{module}", "--no_such_flag=1"], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
   _one_line_error(proc, "no_such_flag")
+
+
+def test_without_workdir_a_run_gets_a_fresh_one(tmp_path, monkeypatch):
+  """No --workdir: a fresh directory under the temp dir, printed; never an earlier run's."""
+  proc = train_cli("", "--config.total_steps=1", "--config.log_every=1", "--config.eval_every=1",
+                   "--config.checkpoint_every=1", env={"TMPDIR": str(tmp_path)})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  workdir = next(l for l in proc.stdout.splitlines() if l.startswith("workdir: ")).split()[1]
+  assert workdir.startswith(str(tmp_path / "bertjax" / "bert-tiny-"))
+  assert os.path.exists(os.path.join(workdir, "metrics.jsonl"))
+  import tempfile
+
+  from bertjax.errors import default_workdir
+
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  assert default_workdir("configs/bert.py:tiny") != default_workdir("configs/bert.py:tiny")

@@ -58,3 +58,37 @@ def test_synthetic_batch_is_a_valid_pair_batch():
 def test_bench_rejects_zero_steps():
   with pytest.raises(UserError, match="steps"):
     bench.measure(micro("configs/bert.py:tiny"), steps=0)
+
+
+def test_vs_pytorch_equal_work_head_trains_the_same_objective():
+  """benchmarks/vs_pytorch.py's PyTorch side decodes only the masked slots (bertjax's work) and still trains
+  stock BertForPreTraining's objective: same loss and gradients, fewer FLOPs than HF's every-position head."""
+  import importlib.util
+
+  import torch
+
+  spec_ = importlib.util.spec_from_file_location("vs_pytorch", os.path.join(REPO, "benchmarks", "vs_pytorch.py"))
+  vs = importlib.util.module_from_spec(spec_)
+  spec_.loader.exec_module(vs)
+  config = vs.bert_config("tiny", 4, 64)
+  config.model.update(hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=300)
+  spec = vs.torch_spec(config)
+  spec["bert"].update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+  torch.manual_seed(0)
+  model, _ = vs.torch_model(spec)
+  masked = vs.torch_batch(config, bench.synthetic_batch(config, 4))
+  rows = np.arange(4)[:, None]
+  used = masked["mlm_labels"] >= 0
+  np.testing.assert_array_equal(masked["labels"][rows, masked["mlm_positions"]][used], masked["mlm_labels"][used])
+  assert (masked["labels"] >= 0).sum() == used.sum()  # every scored position has a slot
+  batch = {k: torch.as_tensor(v) for k, v in masked.items()}
+  losses, grads = [], []
+  for head in ("all", "masked"):
+    model.zero_grad()
+    loss = vs.torch_loss(model, batch, head)
+    loss.backward()
+    losses.append(loss.item())
+    grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+  np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+  torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+  assert vs.hf_flops_per_token(config) > bench.setup(config).flops_per_token

@@ -163,6 +163,32 @@ class ArrayRows:
     return {k: v[idx] for k, v in self.arrays.items()}
 
 
+class TracedRows:
+  """Rows that log every read: each `take` appends {"split", "of": the split's length, "rows": the row
+  indices} as one JSON line to
+  `path`. A debug aid, switched on with BERTJAX_TRACE_ROWS=DIR (one file per process,
+  DIR/rows-process-I.jsonl), with which a multi-process run shows what each process read."""
+
+  def __init__(self, rows, path: str, split: str):
+    self.rows, self.path, self.split = rows, path, split
+
+  def __len__(self) -> int:
+    return len(self.rows)
+
+  def take(self, idx) -> dict:
+    with open(self.path, "a") as f:
+      f.write(json.dumps(dict(split=self.split, of=len(self.rows), rows=np.asarray(idx).tolist())) + "\n")
+    return self.rows.take(idx)
+
+
+def traced(data: Dataset, directory: str, process_index: int) -> Dataset:
+  """`data` with both splits' reads logged to directory/rows-process-I.jsonl (see TracedRows)."""
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, f"rows-process-{process_index}.jsonl")
+  return dataclasses.replace(data, train=TracedRows(data.train, path, "train"),
+                             eval=TracedRows(data.eval, path, "eval"))
+
+
 def permuted(seed: int, epoch: int, positions: np.ndarray, n: int) -> np.ndarray:
   """Where `positions` go under a pseudo-random permutation of range(n) keyed by (seed, epoch).
 

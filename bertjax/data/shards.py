@@ -106,6 +106,11 @@ class Rows:
   def __len__(self) -> int:
     return int(self._ends[-1]) if len(self._ends) else 0
 
+  @property
+  def opened(self) -> list:
+    """The shard files this process has mapped so far: only those holding a row it read."""
+    return sorted(self.shards[i]["file"] for i in self._maps)
+
   def _map(self, i: int) -> np.memmap:
     if i not in self._maps:
       path = os.path.join(self.directory, self.shards[i]["file"])
