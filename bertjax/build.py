@@ -21,10 +21,11 @@ from bertjax.model.pretrain import Pretrainer
 
 def make_model(config, platform: str | None = None) -> Pretrainer:
   """The pretraining model of a config (heads and generator follow from the objectives) for `platform`'s
-  attention implementation (default: JAX's backend)."""
+  attention implementation (default: JAX's backend); with `config.teacher` set, a Distiller of this model
+  (the student) and the frozen teacher (bertjax.distill)."""
   objectives = config_lib.active_objectives(config)
   sentence = [o for o in objectives_lib.SENTENCE_OBJECTIVES if o in objectives]
-  return Pretrainer(
+  model = Pretrainer(
       cfg=config_lib.encoder_config(config.model, platform=platform),
       generator=config_lib.encoder_config(config.model, generator=True, platform=platform) if "rtd" in objectives else None,
       sentence_head=bool(sentence),
@@ -33,6 +34,11 @@ def make_model(config, platform: str | None = None) -> Pretrainer:
       wso="wso" in objectives,
       sample_temperature=config.model.sample_temperature,
   )
+  if config.get("teacher"):
+    from bertjax import distill
+
+    return distill.make_distiller(config, model, platform)
+  return model
 
 
 def dummy_batch(config, batch_size: int = 1) -> dict:
@@ -75,6 +81,11 @@ def init_state(rng, model, tx, config) -> step_lib.TrainState:
 def step_config(config, special: SpecialIds) -> step_lib.StepConfig:
   """What the steps need besides model and optimizer: seed, masking (with the tokenizer's special ids),
   weighted objectives, microbatches, and which steps the loop logs (phase ends and every log_every-th)."""
+  if not config.get("teacher") and any(k.startswith("distill_") for k in config_lib.active_objectives(config)):
+    from bertjax.errors import UserError
+
+    raise UserError("the distill_* objectives need a teacher: set --config.teacher to a bertjax workdir or an HF "
+                    "checkpoint (python -m bertjax.distill)")
   return step_lib.StepConfig(
       seed=config.seed, masking=config_lib.masking_config(config, special),
       objectives=tuple(config_lib.active_objectives(config).items()), grad_accum_steps=config.grad_accum_steps,
@@ -139,6 +150,10 @@ def make_steps(config, mesh, special: SpecialIds) -> Steps:
   rules = sharding.config_rules(config)
   schedule = config_lib.lr_schedule(config)
   model, tx = make_model(config, mesh_platform(mesh)), optim.make(config.optimizer, schedule)
+  if config.get("teacher"):  # the teacher is frozen: no updates, no optimizer state
+    from bertjax import distill
+
+    tx = distill.freeze_teacher(tx)
   cfg = step_config(config, special)
   with nn.logical_axis_rules(rules):
     boxed = jax.eval_shape(functools.partial(init_state, model=model, tx=tx, config=config), jax.random.key(0))
@@ -153,5 +168,10 @@ def make_steps(config, mesh, special: SpecialIds) -> Steps:
   evaluate = jax.jit(functools.partial(step_lib.eval_step, model=model, cfg=cfg),
                      in_shardings=(shardings.params, batch_sharding, repl), out_shardings=repl)
   on_mesh = functools.partial(Jitted, mesh=mesh, rules=rules)
-  return Steps(model, tx, schedule, cfg, shardings, abstract, batch_sharding, on_mesh(init), on_mesh(train),
+  init = on_mesh(init)
+  if config.get("teacher"):  # a fresh state holds the teacher's weights (and the student starts from them)
+    from bertjax import distill
+
+    init = distill.initializer(init, config, shardings.params)
+  return Steps(model, tx, schedule, cfg, shardings, abstract, batch_sharding, init, on_mesh(train),
                on_mesh(evaluate))

@@ -95,6 +95,7 @@ def defaults() -> ml_collections.ConfigDict:
       # auto | xla | dot_product | cudnn | splash (bertjax.model.attention). auto: cuDNN flash attention on
       # GPU, splash on TPU, xla on CPU; fused kernels need attention_dropout=0, else auto keeps xla.
       attention="auto",
+      head_size=0,  # width of one attention head; 0: hidden_size / num_heads (a head-pruned model sets it)
   )
   # Objectives: name -> weight; 0 switches one off.
   c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0)
@@ -140,7 +141,7 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       layer_norm_eps=m.layer_norm_eps, init_std=m.init_std, sharing=m.sharing,
       num_groups=m.num_hidden_groups if m.sharing != "none" else 1, dtype=DTYPES[m.dtype], remat=m.remat,
       scan_unroll=m.scan_unroll,
-      activation=m.activation, position_offset=m.position_offset, attention=impl)
+      activation=m.activation, position_offset=m.position_offset, attention=impl, head_size=m.head_size)
 
 
 def phase(fraction: float, **values) -> dict:
@@ -275,7 +276,7 @@ def _check(ok: bool, message: str):
 def validate(config):
   """Checks that the config is self-consistent; raises UserError with the fix on the first problem."""
   m = config.model
-  _check(m.hidden_size % m.num_heads == 0,
+  _check(m.head_size > 0 or m.hidden_size % m.num_heads == 0,
          f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; "
          "change one of them so that the head width is whole")
   _check(m.activation in ("gelu", "gelu_new"), f"model.activation={m.activation!r}; use gelu or gelu_new")
@@ -289,10 +290,14 @@ def validate(config):
   _check(0 < config.masking.mask_prob < 1, f"masking.mask_prob={config.masking.mask_prob} must be in (0, 1)")
   _check(config.masking.mask_token_prob + config.masking.random_token_prob <= 1,
          "masking.mask_token_prob + masking.random_token_prob must not exceed 1")
-  known = ("mlm", "nsp", "sop", "rtd", "sbo", "wso", "sso")
-  unknown = set(config.objectives) - set(known)
-  _check(not unknown, f"unknown objectives {sorted(unknown)}; use {', '.join(known)}")
+  from bertjax import objectives as objectives_lib
+
+  unknown = set(config.objectives) - set(objectives_lib.REGISTRY)
+  _check(not unknown, f"unknown objectives {sorted(unknown)}; use {', '.join(objectives_lib.REGISTRY)}")
   objectives = active_objectives(config)
+  others = sorted(o for o in objectives if o != "mlm" and not o.startswith("distill_"))
+  _check(not config.get("teacher") or not others,
+         f"distillation trains an MLM student: set the {', '.join(others)} weight{'s' if len(others) > 1 else ''} to 0")
   _check(bool(objectives), "no objective has a nonzero weight; set e.g. --config.objectives.mlm=1")
   _check("mlm" in objectives, "every setup here trains an MLM head (ELECTRA's generator included); set --config.objectives.mlm")
   _check(("rtd" in objectives) == (m.generator_fraction > 0),

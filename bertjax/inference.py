@@ -50,16 +50,17 @@ def _jitted(model, method, mutable: tuple):
   return jax.jit(lambda p, *a: model.apply({"params": p}, *a, method=method, mutable=list(mutable) or False))
 
 
-def _apply(config, method, params, input_ids, type_ids, mutable: tuple = ()):
+def _apply(config, method, params, input_ids, type_ids, mutable: tuple = (), *more):
   """The config's Pretrainer's `method` (a method name, or a function of the module and the inputs) on
   `params` and unpadded int32 inputs (inference: no dropout), jitted once per model and method; with
-  `mutable` collections, (output, their values)."""
+  `mutable` collections, (output, their values). `more` are further int32 inputs of `method`."""
   ids, types = jnp.asarray(input_ids, jnp.int32), jnp.asarray(type_ids, jnp.int32)
-  return _jitted(build.make_model(config), method, mutable)(params, ids, types)
+  more = tuple(jnp.asarray(x, jnp.int32) for x in more)
+  return _jitted(build.make_model(config), method, mutable)(params, ids, types, *more)
 
 
-def _encode_fn(m, ids, types):
-  return m.encode(ids, types, jnp.ones_like(ids))
+def _encode_fn(m, ids, types, groups=None):
+  return m.encode(ids, types, jnp.ones_like(ids) if groups is None else groups)
 
 
 def hidden_states(config, params, input_ids, type_ids) -> np.ndarray:
@@ -67,13 +68,15 @@ def hidden_states(config, params, input_ids, type_ids) -> np.ndarray:
   return np.asarray(_apply(config, _encode_fn, params, input_ids, type_ids))
 
 
-def attention_probs(config, params, input_ids, type_ids) -> np.ndarray:
-  """Attention probabilities [layers, B, heads, S, S] of the main encoder for unpadded inputs: the
-  softmax each layer computes in the forward pass (rows sum to 1): the xla attention, the only one that forms
-  them, whatever model.attention says."""
+def attention_probs(config, params, input_ids, type_ids, groups=None) -> np.ndarray:
+  """Attention probabilities [layers, B, heads, S, S] of the main encoder: the softmax each layer computes
+  in the forward pass (rows sum to 1): the xla attention, the only one that forms them, whatever
+  model.attention says. Inputs are unpadded, or padded with `groups` [B, S] (1 = real token: padding keys
+  then get no attention; padding query rows are meaningless)."""
   config = config.copy_and_resolve_references()
   config.model.attention = "xla"
-  _, sown = _apply(config, _encode_fn, params, input_ids, type_ids, mutable=("intermediates",))
+  more = () if groups is None else (groups,)
+  _, sown = _apply(config, _encode_fn, params, input_ids, type_ids, ("intermediates",), *more)
   found = [v for path, v in jax.tree_util.tree_leaves_with_path(sown["intermediates"]["encoder"])
            if any(getattr(k, "key", None) == "attention_probs" for k in path)]
   (probs,) = found  # one per encoder: the scanned layers stack it along axis 0

@@ -58,6 +58,7 @@ def get_config(arg: str = "sst2"):
   c.log_every = 50
   c.eval_every = 0  # 0: evaluate only at the end
   c.eval_batch_size = 64
+  c.save_model = False  # write each seed's fine-tuned model to WORKDIR/seed_S/model (what bertjax.heads reads)
   # Task.
   c.task = dict(
       name=task,
@@ -86,6 +87,7 @@ def get_config(arg: str = "sst2"):
       head="auto",  # pooler (BERT: tanh pooler, dropout, linear) | electra (dropout, dense, GELU, dropout,
       # linear: ElectraForSequenceClassification) | auto: electra for ELECTRA checkpoints, else pooler
       dtype="float32",  # compute dtype: float32 | bfloat16
+      quantize="",  # int8: quantization-aware fine-tuning and int8 evaluation of the encoder's matmuls (qwix)
   )
   # Optimizer (bertjax.optim names).
   c.optimizer = dict(

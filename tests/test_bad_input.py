@@ -98,7 +98,8 @@ def test_libtpu_without_a_tpu_prints_nothing(tmp_path):
   assert proc.returncode == 0 and proc.stdout.strip() == "cpu" and not proc.stderr.strip(), proc.stderr
 
 
-@pytest.mark.parametrize("module", ["train", "summary", "bench", "aot", "prepare", "finetune", "hf"])
+@pytest.mark.parametrize("module", ["train", "summary", "bench", "aot", "prepare", "finetune", "hf",
+                                    "heads", "analysis", "distill"])
 def test_every_cli_parses_its_flags_into_one_line_errors(module):
   import subprocess
   import sys

@@ -139,6 +139,7 @@ def test_tiny_model_learns_a_generated_pair_task(tmp_path, capsys):
   config.task.source, config.init.checkpoint = f"tsv:{task_dir}", ckpt
   config.seeds, config.total_steps, config.seq_len, config.learning_rate = 2, 300, 32, 2e-3
   config.model.dropout = config.model.attention_dropout = 0.0  # a random-init encoder learns faster without
+  config.save_model = True
   results = train.finetune(config, str(tmp_path / "ft"))
   out = capsys.readouterr().out
   assert "task pairs: 3000 train / 300 eval examples" in out and "pairs accuracy: median" in out
@@ -148,6 +149,12 @@ def test_tiny_model_learns_a_generated_pair_task(tmp_path, capsys):
   saved = json.load(open(tmp_path / "ft" / "results.json"))
   assert saved["per_seed"] == results["per_seed"]
   assert os.path.exists(tmp_path / "ft" / "seed_1" / "metrics.jsonl")
+  # save_model: each seed's fine-tuned classifier loads back and scores what the run reported.
+  from bertjax.finetune import model as ft_model
+
+  _, model, params = ft_model.load_model(str(tmp_path / "ft" / "seed_1" / ft_model.MODEL_DIR))
+  evals = train.prepare(config)["eval"]
+  assert train.predict(params, evals, model, 64).argmax(-1).__eq__(evals["label"]).mean() == accs[1]
 
 
 def test_a_workdir_without_a_pooler_has_no_extra_pooler(tmp_path):

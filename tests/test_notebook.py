@@ -38,11 +38,12 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
 
   outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
   images = [o for o in outputs if "image/png" in o.get("data", {})]
-  assert len(images) == 2, "expected the loss/accuracy figure and the attention heatmap"
+  assert len(images) == 3, "expected the loss/accuracy figure, the attention heatmap and the analysis grid"
   text = "".join(o.get("text", "") for o in outputs)
   assert f"restored step {STEPS}" in text
   assert "The [MASK] statement is used to leave a loop." in text
   assert "eval/nsp_accuracy" in text
+  assert "100 inputs" in text and (workdir / "attention" / "attention.json").exists()  # bertjax.analysis
   with open(workdir / "metrics.jsonl") as f:
     steps = [json.loads(line)["step"] for line in f]
   assert steps[-1] == STEPS

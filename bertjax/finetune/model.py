@@ -2,6 +2,8 @@
 initialization from pretrained weights, and ELECTRA's layer-wise learning-rate decay."""
 
 import functools
+import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -33,10 +35,11 @@ class Classifier(nn.Module):
   head: str = "pooler"
 
   @nn.compact
-  def __call__(self, input_ids, type_ids, groups):
+  def __call__(self, input_ids, type_ids, groups, head_gates=None):
+    """head_gates: optional [layers, heads] multipliers of the attention heads (bertjax.heads)."""
     c = self.cfg
     x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic)
-    hidden = Encoder(c, self.deterministic, name="encoder")(x, groups)
+    hidden = Encoder(c, self.deterministic, name="encoder")(x, groups, head_gates)
     drop = lambda h: nn.Dropout(self.classifier_dropout)(h, deterministic=self.deterministic)
     if self.head == "electra":
       h = dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "transform")(drop(hidden[:, 0]))
@@ -69,6 +72,48 @@ def init_params(model: Classifier, rng, pretrained: dict, pooler: dict | None) -
     params["pooler"] = jax.tree.map(jnp.asarray, pooler)
     new.remove("pooler")
   return params, sorted(new)
+
+
+MODEL_DIR = "model"  # a seed's fine-tuned model, under workdir/seed_S/ (finetune's save_model)
+
+
+def save_model(directory: str, run_config, model: Classifier, params) -> None:
+  """Writes a fine-tuned classifier: `config.json` (its encoder's run config, as a pretraining workdir
+  has), `classifier.json` (head and outputs) and an orbax checkpoint of its params (bertjax.heads reads it;
+  a head-pruned model is written the same way with fewer heads in its config)."""
+  from bertjax import checkpoint
+
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    f.write(run_config.to_json(indent=2))
+  head = dict(head=model.head, num_outputs=model.num_outputs, classifier_dropout=model.classifier_dropout)
+  with open(os.path.join(directory, "classifier.json"), "w") as f:
+    json.dump(head, f, indent=2)
+  ckpt = checkpoint.Checkpointer(directory, keep=1, async_save=False)
+  ckpt.save(0, dict(step=np.int32(0), params=jax.tree.map(np.asarray, params)), head, force=True)
+  ckpt.close()
+
+
+def load_model(directory: str, cfg: EncoderConfig | None = None) -> tuple:
+  """(run config, deterministic Classifier, params) of a model written by `save_model`; `cfg` replaces the
+  encoder config derived from its config.json (e.g. to change the compute dtype)."""
+  from bertjax import checkpoint, config as config_lib
+  from bertjax.interop import workdir as wd
+
+  path = os.path.join(directory, "classifier.json")
+  if not os.path.isfile(path):
+    raise UserError(f"no fine-tuned model at {directory!r} (no classifier.json); fine-tune with "
+                    "--config.save_model=True, which writes WORKDIR/seed_S/model")
+  with open(path) as f:
+    head = json.load(f)
+  run_config = wd.load_config(directory)
+  model = Classifier(cfg or config_lib.encoder_config(run_config.model), head["num_outputs"],
+                     head["classifier_dropout"], deterministic=True, head=head["head"])
+  ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+  shapes = sh.strip_boxes(jax.eval_shape(lambda r, i: model.init({"params": r}, i, i, i)["params"],
+                                         jax.random.key(0), ids))
+  params = jax.tree.map(jnp.asarray, checkpoint.restore_params(directory, shapes))
+  return run_config, model, params
 
 
 def layer_multipliers(params: dict, cfg: EncoderConfig, decay: float) -> dict:

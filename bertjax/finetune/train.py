@@ -18,10 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax import config as config_lib, inference, optim
+from bertjax import config as config_lib, inference, optim, quantize
 from bertjax.data import pipeline
 from bertjax.finetune import data as task_data, metrics as task_metrics
-from bertjax.finetune.model import HEADS, Classifier, init_params, layer_multipliers, scale_by_tree
+from bertjax.finetune.model import (HEADS, MODEL_DIR, Classifier, init_params, layer_multipliers, save_model,
+                                    scale_by_tree)
 from bertjax.errors import UserError
 from bertjax.interop import configs as hf_configs
 from bertjax.metrics import MetricWriter
@@ -45,6 +46,8 @@ def validate(config):
   _check(config.batch_size > 0 and config.eval_batch_size > 0, "batch sizes must be positive")
   _check(config.seq_len >= 8, f"seq_len={config.seq_len} is too short for [CLS] A [SEP] B [SEP]; use >= 8")
   _check(0 < config.optimizer.layerwise_decay <= 1, "optimizer.layerwise_decay must be in (0, 1]")
+  _check(config.model.get("quantize", "") in quantize.MODES,
+         f"model.quantize={config.model.get('quantize')!r}; use int8 or leave it empty")
   _check(config.model.dtype in config_lib.DTYPES, f"model.dtype={config.model.dtype!r}; use float32 or bfloat16")
   _check(config.model.head in ("auto",) + HEADS, f"model.head={config.model.head!r}; use auto, {', '.join(HEADS)}")
   _check(config.epoch_mode in EPOCH_MODES, f"epoch_mode={config.epoch_mode!r}; use one of {', '.join(EPOCH_MODES)}")
@@ -117,9 +120,11 @@ def make_tx(config, params, cfg, total: int, warmup: int) -> optax.GradientTrans
   return tx
 
 
-def _loss(params, batch, rng, model, regression: bool):
-  out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"],
-                    rngs={"dropout": rng})
+def _loss(params, batch, rng, model, regression: bool, head_gates=None):
+  """The batch's mean task loss (padding rows weigh 0); `rng` None for a deterministic model, `head_gates`
+  [layers, heads] for bertjax.heads' importance."""
+  out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"], head_gates,
+                    rngs={"dropout": rng} if rng is not None else {})
   w = batch["example_weight"]
   if regression:
     per = (out[:, 0] - batch["label"]) ** 2
@@ -151,6 +156,16 @@ def predict(params, arrays, model, batch_size: int) -> np.ndarray:
   return np.concatenate(outs)
 
 
+def evaluator(config, eval_model, arrays):
+  """params -> model outputs over `arrays`: the float model, or with model.quantize=int8 the int8 model
+  (int8 weights and matmuls in the encoder) made from the params."""
+  if not config.model.quantize:
+    return lambda params: predict(params, arrays, eval_model, config.eval_batch_size)
+  q = quantize.int8(eval_model)
+  ids = np.zeros((1, 8), np.int32)
+  return lambda params: predict(quantize.int8_params(q, params, ids, ids, ids + 1), arrays, q, config.eval_batch_size)
+
+
 def seed_start(config, seed: int, setup: dict) -> tuple[Classifier, dict]:
   """(training model, starting params) of `seed`: the pretrained encoder (and pooler) and a head drawn from key(seed)."""
   train_model = Classifier(setup["cfg"], setup["num_outputs"], config.model.classifier_dropout, deterministic=False,
@@ -166,6 +181,9 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   names = task.metrics.split(",")
   train_model, params = seed_start(config, seed, setup)
   eval_model = train_model.clone(deterministic=True)
+  evaluate = evaluator(config, eval_model, setup["eval"])
+  if config.model.quantize:  # QAT: int8 fake quantization of the encoder's matmuls, straight-through gradients
+    train_model = quantize.qat(train_model)
   tx = make_tx(config, params, cfg, total, warmup)
   opt_state = tx.init(params)
   step_fn = setup.setdefault("step_fn", jax.jit(functools.partial(train_step, model=train_model, tx=tx,
@@ -189,9 +207,11 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
       writer.progress(done, total, values, time.time() - t0, done)
       losses, t_log = [], time.time()
     if (config.eval_every and done % config.eval_every == 0) or done == total:
-      result = task_metrics.compute(names, predict(params, evals, eval_model, config.eval_batch_size), evals["label"])
+      result = task_metrics.compute(names, evaluate(params), evals["label"])
       writer.write(done, {f"eval/{k}": v for k, v in result.items()})
   writer.close()
+  if config.save_model:
+    save_model(os.path.join(seed_dir, MODEL_DIR), setup["run_config"], eval_model, params)
   return result
 
 
@@ -215,7 +235,7 @@ def prepare(config) -> dict:
     head = "electra" if hf_configs.family_for(loaded.config) == "electra" else "pooler"
   return dict(
       cfg=cfg, num_outputs=len(labels) or 1, pretrained=params, pooler=pooler, total=total, warmup=min(warmup, total),
-      head=head,
+      head=head, run_config=loaded.config,
       train=task_data.encode(train_ex, loaded.tokenizer, config.seq_len),
       eval=task_data.encode(eval_ex, loaded.tokenizer, config.seq_len),
       info=dict(train_examples=len(train_ex.a), eval_examples=len(eval_ex.a), skipped_rows=train_ex.skipped + eval_ex.skipped,

@@ -102,6 +102,8 @@ def family_for(config) -> str:
   m, objectives = config.model, config_lib.active_objectives(config)
   if "rtd" in objectives:
     return "electra"
+  if m.type_vocab_size == 0:  # no segment embeddings: DistilBERT's shape
+    return "distilbert"
   if m.position_offset:
     return "roberta"
   if m.sharing != "none" or (m.embedding_size and m.embedding_size != m.hidden_size):
@@ -118,6 +120,18 @@ def to_hf(config, family: str, architecture: str, special, generator: bool = Fal
   if m.sharing in ("attention", "ffn"):
     raise UserError(f"model.sharing={m.sharing!r} has no HF equivalent (HF ALBERT shares whole layers); "
                     "export needs sharing all or none")
+  if m.head_size and m.head_size * m.num_heads != m.hidden_size:
+    raise UserError(f"a head-pruned model (model.head_size={m.head_size} x {m.num_heads} heads != hidden "
+                    f"{m.hidden_size}) has no HF config; export the model before pruning")
+  if family == "distilbert":
+    if enc.layer_norm_eps != 1e-12 or enc.activation != "gelu" or enc.embedding_size != enc.hidden_size:
+      raise UserError("DistilBERT has LayerNorm eps 1e-12, exact GELU and no factorized embeddings; this model "
+                      "differs, so it has no DistilBertForMaskedLM export")
+    return dict(architectures=[architecture], model_type="distilbert", vocab_size=enc.vocab_size, dim=enc.hidden_size,
+                n_layers=enc.num_layers, n_heads=enc.num_heads, hidden_dim=enc.intermediate_size,
+                activation="gelu", dropout=enc.dropout, attention_dropout=enc.attention_dropout,
+                max_position_embeddings=enc.max_positions, initializer_range=enc.init_std, pad_token_id=special.pad,
+                sinusoidal_pos_embds=False, tie_weights_=True, torch_dtype="float32")
   hf = dict(
       architectures=[architecture], model_type=family, vocab_size=enc.vocab_size, hidden_size=enc.hidden_size,
       num_hidden_layers=enc.num_layers, num_attention_heads=enc.num_heads, intermediate_size=enc.intermediate_size,

@@ -189,6 +189,7 @@ ARCHITECTURES = {  # (family, has sentence head) -> HF class of the exported net
     ("bert", False): "BertForMaskedLM", ("bert", True): "BertForPreTraining",
     ("roberta", False): "RobertaForMaskedLM",
     ("albert", False): "AlbertForMaskedLM", ("albert", True): "AlbertForPreTraining",
+    ("distilbert", False): "DistilBertForMaskedLM",
 }
 
 
@@ -231,7 +232,11 @@ def _network(config, params, family: str, generator: bool, special: SpecialIds):
   prefix = W.PREFIX[family]
   enc = config_lib.encoder_config(config.model, generator=generator)
   scope = "generator_encoder" if generator else "encoder"
-  entries = W.embeddings(prefix) + _body(family, config, prefix, scope, generator)
+  if family == "distilbert":  # no segment embeddings; layers under transformer.layer.{i}
+    entries = [e for e in W.embeddings(prefix) if e.path != "embeddings/type"] + W.distilbert_encoder(
+        prefix, enc.num_layers)
+  else:
+    entries = W.embeddings(prefix) + _body(family, config, prefix, scope, generator)
   if family == "albert" and enc.embedding_size == enc.hidden_size:
     entries = [e for e in entries if not e.path.startswith("encoder/embedding_projection")]
   if family == "electra":

@@ -25,6 +25,13 @@ LAYER = (
     ("ffn/output", "output.dense", "ffn_output"),
     ("ffn/ln", "output.LayerNorm", "full_layer_layer_norm"),
 )
+# DistilBERT's layer (export only): bertjax path inside a layer -> HF name inside `transformer.layer.{i}`.
+DISTILBERT_LAYER = (
+    ("attention/query", "attention.q_lin"), ("attention/key", "attention.k_lin"),
+    ("attention/value", "attention.v_lin"), ("attention/output", "attention.out_lin"),
+    ("attention/ln", "sa_layer_norm"), ("ffn/intermediate", "ffn.lin1"), ("ffn/output", "ffn.lin2"),
+    ("ffn/ln", "output_layer_norm"),
+)
 # Heads per family: (bertjax module, HF module); a name ending in "ln" is a LayerNorm, else a Linear.
 MLM_HEADS = {
     "bert": (("mlm/transform", "cls.predictions.transform.dense"), ("mlm/ln", "cls.predictions.transform.LayerNorm")),
@@ -32,11 +39,13 @@ MLM_HEADS = {
     "albert": (("mlm/transform", "predictions.dense"), ("mlm/ln", "predictions.LayerNorm")),
     "electra": (("mlm/transform", "generator_predictions.dense"), ("mlm/ln", "generator_predictions.LayerNorm")),
 }
+MLM_HEADS["distilbert"] = (("mlm/transform", "vocab_transform"), ("mlm/ln", "vocab_layer_norm"))
 MLM_BIAS = {"bert": "cls.predictions.bias", "roberta": "lm_head.bias", "albert": "predictions.bias",
-            "electra": "generator_lm_head.bias"}
+            "electra": "generator_lm_head.bias", "distilbert": "vocab_projector.bias"}
 SENTENCE_CLASSIFIER = {"bert": "cls.seq_relationship", "albert": "sop_classifier.classifier"}
 RTD_HEAD = (("rtd/transform", "discriminator_predictions.dense"), ("rtd/logit", "discriminator_predictions.dense_prediction"))
-PREFIX = {"bert": "bert.", "roberta": "roberta.", "albert": "albert.", "electra": "electra."}
+PREFIX = {"bert": "bert.", "roberta": "roberta.", "albert": "albert.", "electra": "electra.",
+          "distilbert": "distilbert."}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +84,15 @@ def encoder(prefix: str, num_layers: int, scope: str = "encoder", projection: bo
   for sub, hf, _ in LAYER:
     out += entries_of(f"{scope}/layers/{sub}", prefix + "encoder.layer.{i}." + hf, range(num_layers),
                    two_in=sub == "attention/output")
+  return out
+
+
+def distilbert_encoder(prefix: str, num_layers: int) -> list:
+  """DistilBERT's layers (`transformer.layer.{i}`), stacked under encoder/layers."""
+  out = []
+  for sub, hf in DISTILBERT_LAYER:
+    out += entries_of(f"encoder/layers/{sub}", prefix + "transformer.layer.{i}." + hf, range(num_layers),
+                      two_in=sub == "attention/output")
   return out
 
 

@@ -64,10 +64,11 @@ class EncoderConfig:
   position_offset: int = 0  # first position id (HF RoBERTa counts from padding_idx + 1 = 2)
   scan_unroll: int = 0  # layers per scan iteration; 0: all of them up to UNROLL_MAX_LAYERS, else 1
   attention: str = "xla"  # resolved implementation (bertjax.model.attention): xla | dot_product | cudnn | splash
+  head_size: int = 0  # width of one head; 0: hidden_size // num_heads (set when heads were pruned away)
 
   @property
   def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
+    return self.head_size or self.hidden_size // self.num_heads
 
 
 _SQRT_HALF, _INV_SQRT_2PI = 0.5**0.5, (2 * 3.141592653589793) ** -0.5
@@ -245,7 +246,9 @@ class Dense(nn.Module):
     n_in = len(self.in_shape)
     kernel = self.param("kernel", _init(self.cfg, self.names), self.in_shape + self.out_shape)
     bias = self.param("bias", _zeros(self.names[n_in:]), self.out_shape)
-    return tokens_matmul(x.astype(self.cfg.dtype), kernel.astype(self.cfg.dtype), n_in) + bias.astype(self.cfg.dtype)
+    # flax's promote_dtype (as nn.Dense calls it): quantization libraries intercept it (qwix: bertjax.quantize).
+    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.cfg.dtype)
+    return tokens_matmul(x, kernel, n_in) + bias.astype(self.cfg.dtype)
 
 
 def tokens_matmul(x, kernel, n_in: int):
@@ -254,9 +257,12 @@ def tokens_matmul(x, kernel, n_in: int):
   The weight gradient contracts over every token; as a 2-D matmul it does so in place, while contracting
   the [batch, seq] axes of a 3-D activation makes XLA:CPU transpose and copy the activation first, one
   per weight gradient (~7% of a BERT-base CPU step, ~15% of a tiny one). Merging the leading axes is a
-  bitcast, and a batch axis sharded over the mesh stays the major part of the merged one."""
-  lead, in_shape, out_shape = x.shape[: x.ndim - n_in], kernel.shape[:n_in], kernel.shape[n_in:]
-  y = x.reshape(math.prod(lead), math.prod(in_shape)) @ kernel.reshape(math.prod(in_shape), math.prod(out_shape))
+  bitcast, and a batch axis sharded over the mesh stays the major part of the merged one. The kernel keeps
+  its shape (the token axis is the activation's only leading axis either way), and the product is
+  lax.dot_general called by name: quantization libraries intercepting it (qwix) see the parameter itself."""
+  lead, out_shape = x.shape[: x.ndim - n_in], kernel.shape[n_in:]
+  x2 = x.reshape(math.prod(lead), *x.shape[x.ndim - n_in:])
+  y = jax.lax.dot_general(x2, kernel, ((tuple(range(1, n_in + 1)), tuple(range(n_in))), ((), ())))
   return y.reshape(*lead, *out_shape)
 
 
@@ -275,7 +281,8 @@ class Embeddings(nn.Module):
     c = self.cfg
     self.word = self.param("word", _init(c, (sh.VOCAB, sh.EMBED)), (c.vocab_size, c.embedding_size))
     self.position = self.param("position", _init(c, (None, sh.EMBED)), (c.max_positions, c.embedding_size))
-    self.type = self.param("type", _init(c, (None, sh.EMBED)), (c.type_vocab_size, c.embedding_size))
+    if c.type_vocab_size:  # 0: no segment embeddings (DistilBERT)
+      self.type = self.param("type", _init(c, (None, sh.EMBED)), (c.type_vocab_size, c.embedding_size))
     self.ln = layer_norm(c, "ln")
     self.drop = Dropout(c.dropout)
 
@@ -286,7 +293,7 @@ class Embeddings(nn.Module):
       pos = self.position[None, self.cfg.position_offset : self.cfg.position_offset + input_ids.shape[1]]
     else:
       pos = jnp.take(self.position, position_ids + self.cfg.position_offset, axis=0)
-    x = x + pos + jnp.take(self.type, type_ids, axis=0)
+    x = x + pos + (jnp.take(self.type, type_ids, axis=0) if self.cfg.type_vocab_size else 0)
     x = self.drop(self.ln(x), deterministic=deterministic)
     return x.astype(self.cfg.dtype)
 
@@ -306,9 +313,9 @@ class Attention(Block):
   """Multi-head self-attention with residual and post-LayerNorm (BERT's attention sub-layer)."""
 
   @nn.compact
-  def __call__(self, x, mask):
+  def __call__(self, x, mask, head_gates=None):
     """`mask`: the additive bias [B, 1, S, S] of `attention_bias` for the xla implementation, the groups
-    [B, S] for a fused one (`attention_mask`)."""
+    [B, S] for a fused one (`attention_mask`). `head_gates`: optional [heads] of this layer (bertjax.heads)."""
     c = self.cfg
     proj = lambda n: dense(c, c.hidden_size, (c.num_heads, c.head_dim), (sh.EMBED, sh.HEADS, sh.KV), n)
     q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
@@ -323,6 +330,8 @@ class Attention(Block):
       ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
     else:  # a fused kernel: no [B, H, S, S] array, no attention dropout (config validation sees to it)
       ctx = attention_lib.fused(c.attention, q, k, v, mask, c.head_dim**-0.5).astype(c.dtype)
+    if head_gates is not None:  # 0 removes a head exactly (its context never reaches the output projection)
+      ctx = ctx * head_gates.astype(ctx.dtype)[:, None]
     out = dense(c, (c.num_heads, c.head_dim), c.hidden_size, (sh.HEADS, sh.KV, sh.EMBED), "output")(ctx)
     out = Dropout(c.dropout)(out, deterministic=self.deterministic)
     return layer_norm(c, "ln")(x + out).astype(c.dtype)
@@ -359,11 +368,11 @@ class Layer(Block):
   """One transformer layer; blocks it does not own come in as `shared` parameters (ALBERT sharing)."""
 
   @nn.compact
-  def __call__(self, x, layer_index, mask, shared):
+  def __call__(self, x, layer_index, mask, shared, head_gates=None):
     c = self.cfg
     group = layer_index * c.num_groups // c.num_layers  # ALBERT: consecutive layers form a group
     for name, block in BLOCKS.items():
-      args = (x, mask) if name == "attention" else (x,)
+      args = (x, mask, head_gates) if name == "attention" else (x,)
       if name in shared:
         params = jax.tree.map(lambda p: p[group], shared[name])
         rngs = {} if self.deterministic else {"dropout": self.make_rng("dropout")}
@@ -377,6 +386,7 @@ class Layer(Block):
       else:
         x = block(c, self.deterministic, name=name)(*args)
     x = nn.with_logical_constraint(x, (sh.BATCH, sh.LENGTH, sh.ACT_EMBED))
+    self.sow("intermediates", "hidden", x)  # kept only when asked for (distillation's layer losses)
     return x, None
 
 
@@ -416,7 +426,8 @@ class Encoder(Block):
   """E->H projection (if factorized) and `num_layers` scanned transformer layers."""
 
   @nn.compact
-  def __call__(self, x, groups):
+  def __call__(self, x, groups, head_gates=None):
+    """head_gates: optional [layers, heads] multipliers of each head's output (1 = on, 0 = removed)."""
     c = self.cfg
     if c.embedding_size != c.hidden_size:
       x = dense(c, c.embedding_size, c.hidden_size, (None, sh.EMBED), "embedding_projection")(x)
@@ -431,11 +442,11 @@ class Encoder(Block):
         layer,
         variable_axes={"params": 0, "intermediates": 0},
         split_rngs={"params": True, "dropout": True},
-        in_axes=(0, nn.broadcast, nn.broadcast),
+        in_axes=(0, nn.broadcast, nn.broadcast, 0),
         length=c.num_layers,
         metadata_params={nn.PARTITION_NAME: sh.LAYERS},
         unroll=layers_per_iteration(c),
     )
     x, _ = scanned(c, self.deterministic, name="layers")(
-        x, jnp.arange(c.num_layers), attention_mask(c, groups), shared)
+        x, jnp.arange(c.num_layers), attention_mask(c, groups), shared, head_gates)
     return x

@@ -7,7 +7,7 @@ step with gradient accumulation exactly the large-batch step. Adding one is a mo
 """
 
 from bertjax.metrics import Mean
-from bertjax.objectives import mlm, rtd, sbo, sentence, wso
+from bertjax.objectives import distill, mlm, rtd, sbo, sentence, wso
 
 REGISTRY = {
     "mlm": mlm,
@@ -17,6 +17,11 @@ REGISTRY = {
     "sbo": sbo,
     "wso": wso,
     "sso": sentence.sso,
+    # Against a frozen teacher (configs/distill.py; the model is then a bertjax.model.distill.Distiller).
+    "distill_ce": distill.ce,
+    "distill_cos": distill.cos,
+    "distill_hidden": distill.hidden,
+    "distill_attention": distill.attention,
 }
 SENTENCE_OBJECTIVES = ("nsp", "sop", "sso")  # each trains on its own pairs (data.instances' format of its name)
 SENTENCE_CLASSES = {"nsp": 2, "sop": 2, "sso": 3}

@@ -1,0 +1,163 @@
+"""Distillation (bertjax.distill): the DistilBERT shape and its HF export, the losses, the student's
+initialization, and a micro run with a frozen teacher in the same step."""
+
+import json
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import build, config as config_lib
+from bertjax.model import distill as distill_model
+from bertjax.objectives import distill as objectives
+from conftest import load_config, micro
+
+
+def test_distilbert_variant_counts_as_transformers_distilbert_for_masked_lm():
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  c = load_config("configs/distill.py:distilbert")
+  ours = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(build.param_shapes(c)))
+  hf = transformers.DistilBertConfig(vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072,
+                                     max_position_embeddings=512)
+  with torch.device("meta"):
+    theirs = sum(p.numel() for p in transformers.DistilBertForMaskedLM(hf).parameters())
+  assert ours == theirs == 66_985_530
+
+
+def test_losses_on_hand_made_outputs():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 3, 7)).astype(np.float32)
+  batch = dict(mlm_weights=np.array([[1, 1, 0], [1, 0, 0]], np.float32), groups=np.array([[1, 1, 0], [1, 1, 1]]))
+  same = dict(kd_student_logits=logits / 2, kd_teacher_logits=logits / 2, kd_scale=4.0)
+  total, m = objectives.ce.loss(same, batch)
+  assert abs(float(total)) < 1e-5 and float(m["distill_ce_loss"].count) == 3  # KL of a perfect copy is 0
+  other = dict(same, kd_student_logits=np.zeros_like(logits))  # a uniform student
+  p = jax.nn.softmax(logits / 2, axis=-1)
+  kl = (p * (jnp.log(p) - jnp.log(1 / 7))).sum(-1)
+  expected = 4.0 * float((kl * batch["mlm_weights"]).sum())  # x T^2
+  assert float(objectives.ce.loss(other, batch)[0]) == pytest.approx(expected, rel=1e-5)
+  h = rng.normal(size=(2, 3, 4)).astype(np.float32)
+  assert float(objectives.cos.loss(dict(student_hidden=h, teacher_hidden=2 * h), batch)[0]) == pytest.approx(0, abs=1e-5)
+  assert float(objectives.cos.loss(dict(student_hidden=h, teacher_hidden=-h), batch)[0]) == pytest.approx(2 * 5)
+  layers = rng.normal(size=(2, 2, 3, 4)).astype(np.float32)
+  out = dict(student_layers=layers, teacher_layers=layers + 1.0)
+  assert float(objectives.hidden.loss(out, batch)[0]) == pytest.approx(2 * 5)  # 2 layers x 5 real tokens x 1.0
+  att = np.full((1, 2, 1, 3, 3), 1 / 3, np.float32)
+  assert float(objectives.attention.loss(dict(student_attention=att, teacher_attention=att), batch)[0]) == 0.0
+  np.testing.assert_array_equal(distill_model.layer_map(3, 6), [1, 3, 5])  # TinyBERT: m -> m x L_t / L_s
+
+
+def test_student_starts_from_every_other_teacher_layer():
+  teacher = micro(**{"model.num_layers": 4, "model.vocab_size": 40})
+  student = micro("configs/distill.py:tiny", **{"model.num_layers": 2, "model.vocab_size": 40})
+  t_params = jax.tree.map(lambda s: np.random.default_rng(s.size).normal(size=s.shape).astype(np.float32),
+                          build.param_shapes(teacher))
+  s_params = jax.tree.map(lambda s: np.zeros(s.shape, np.float32), build.param_shapes(student))
+  t_cfg, s_cfg = config_lib.encoder_config(teacher.model), config_lib.encoder_config(student.model)
+  out, copied = distill_model.student_from_teacher(s_params, t_params, s_cfg, t_cfg)
+  q = out["encoder"]["layers"]["attention"]["query"]["kernel"]
+  np.testing.assert_array_equal(q, t_params["encoder"]["layers"]["attention"]["query"]["kernel"][[0, 2]])
+  np.testing.assert_array_equal(out["mlm"]["bias"], t_params["mlm"]["bias"])
+  assert "type" not in out["embeddings"] and "encoder/layers <- teacher layers [0, 2]" in copied
+  narrow = micro("configs/distill.py:tiny", **{"model.num_layers": 2, "model.vocab_size": 40, "model.hidden_size": 32})
+  kept, none = distill_model.student_from_teacher("random", t_params, config_lib.encoder_config(narrow.model), t_cfg)
+  assert kept == "random" and none == []  # another width: the student keeps its own initialization
+
+
+def _teacher_dir(tmp_path, layers=2):
+  """A random micro BERT written as an HF checkpoint with a 24-piece WordPiece vocabulary; (dir, params)."""
+  from bertjax.data.tokenizer import load_tokenizer
+  from bertjax.interop import convert
+
+  words = "the a of to is in and for be with that this as are it on by or an".split()
+  (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words) + "\n")
+  teacher = micro(**{"model.vocab_size": 24, "model.num_layers": layers})
+  params = convert.init_params(teacher, seed=0)
+  convert.write_hf(teacher, params, str(tmp_path / "teacher"), load_tokenizer(f"wordpiece:{tmp_path / 'vocab.txt'}"))
+  return str(tmp_path / "teacher"), params
+
+
+def _student_config(teacher_dir, **overrides):
+  c = micro("configs/distill.py:tiny", **{"model.vocab_size": 24, "model.num_layers": 1, "total_steps": 2,
+                                         "warmup_steps": 1, "log_every": 2, "eval_every": 2, "checkpoint_every": 2,
+                                         **overrides})
+  c.teacher = teacher_dir
+  return c
+
+
+def test_one_step_trains_the_student_against_the_frozen_teacher(tmp_path):
+  """The teacher runs inside the jitted train step (every loss on), and only the student moves."""
+  from bertjax import sharding
+  from bertjax.data.tokenizer import SpecialIds
+
+  teacher_dir, teacher_params = _teacher_dir(tmp_path)
+  c = _student_config(teacher_dir, **{"objectives.distill_hidden": 1.0, "objectives.distill_attention": 1.0,
+                                      "warmup_steps": 0})  # a nonzero learning rate at step 0
+  steps = build.make_steps(c, sharding.make_mesh("dp", jax.devices()[:1]), SpecialIds(0, 1, 2, 3, 4))
+  state = steps.init(jax.random.key(0))
+  layer0 = lambda p: np.asarray(p["encoder"]["layers"]["ffn"]["output"]["kernel"][0])
+  np.testing.assert_array_equal(layer0(state.params["student"]), layer0(teacher_params))  # DistilBERT's init
+  rng = np.random.default_rng(0)
+  spec = build.host_batch_spec(c, c.batch_size)
+  batch = {k: np.ones(v.shape, v.dtype) for k, v in spec.items()}
+  batch["input_ids"] = rng.integers(5, 24, spec["input_ids"].shape).astype(np.int32)
+  batch["input_ids"][:, 0] = 2
+  teacher_before, student_before = jax.device_get(state.params["teacher"]), layer0(state.params["student"])
+  new, metrics = steps.train(state, batch)  # donates state
+  for name in ("mlm_accuracy", "distill_ce_loss", "distill_cos_loss", "distill_hidden_loss", "distill_attention_loss"):
+    assert np.isfinite(metrics[name].compute()), name
+  assert metrics["distill_ce_loss"].compute() > 0 and metrics["skipped"].compute() == 0
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(new.params["teacher"]), teacher_before)
+  assert not np.array_equal(layer0(new.params["student"]), student_before)
+
+
+def test_a_distilbert_shaped_student_exports_to_distilbert_for_masked_lm(tmp_path):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from bertjax import inference
+  from bertjax.interop import convert
+
+  from bertjax import distill
+
+  c = distill.baseline_config(micro("configs/distill.py:tiny", **{"model.vocab_size": 40, "model.num_layers": 2}))
+  params = convert.init_params(c, seed=1)
+  (directory,) = convert.write_hf(c, params, str(tmp_path / "hf"))
+  assert json.load(open(os.path.join(directory, "config.json")))["architectures"] == ["DistilBertForMaskedLM"]
+  ids = np.array([[2, 5, 9, 4, 7, 3]], np.int32)
+  ours = inference.logits(c, params, ids, np.zeros_like(ids))["mlm"]
+  model = transformers.DistilBertForMaskedLM.from_pretrained(directory).eval()
+  with torch.no_grad():
+    theirs = model(input_ids=torch.tensor(ids, dtype=torch.long)).logits.numpy()
+  np.testing.assert_allclose(ours, theirs, atol=2e-4)
+
+
+@pytest.mark.slow  # two micro runs (distilled, baseline); the steps and the export are tested above
+def test_the_distill_command_compares_with_the_student_alone_and_writes_the_student(tmp_path, capsys):
+  from bertjax import checkpoint, distill, inference
+
+  teacher_dir, teacher_params = _teacher_dir(tmp_path)
+  c = _student_config(teacher_dir)
+  w = str(tmp_path / "w")
+  result = distill.run(c, w)
+  out = capsys.readouterr().out
+  assert "student initialized from the teacher: embeddings/word" in out and "no teacher" in out
+  assert "eval/distill_ce_loss" in result["distilled"] and "eval/mlm_accuracy" in result["without_teacher"]
+  assert json.load(open(os.path.join(w, "comparison.json"))) == json.loads(json.dumps(result))
+  saved = checkpoint.restore_params(w, build.param_shapes(c))
+  jax.tree.map(np.testing.assert_array_equal, saved["teacher"]["encoder"], teacher_params["encoder"])
+  loaded = inference.load(workdir=os.path.join(w, "student"))  # the student alone, a plain workdir
+  jax.tree.map(np.testing.assert_array_equal, loaded.params["encoder"], saved["student"]["encoder"])
+
+
+def test_distill_without_a_teacher_is_a_one_line_error(tmp_path):
+  from bertjax import distill
+  from bertjax.errors import UserError
+
+  with pytest.raises(UserError, match="set --config.teacher"):
+    distill.run(micro("configs/distill.py:tiny"), str(tmp_path / "w"))
+  assert not (tmp_path / "w").exists()  # nothing written

@@ -1,0 +1,149 @@
+"""Head gates, Michel et al.'s importance and iterative pruning (bertjax.heads), on micro classifiers."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import config as config_lib, heads
+from bertjax.finetune import model as ft_model
+from conftest import load_config, micro
+
+
+def _classifier(num_heads=4, seed=0):
+  run_config = micro("configs/bert.py:tiny", **{"model.num_heads": num_heads, "model.vocab_size": 50})
+  cfg = config_lib.encoder_config(run_config.model)
+  model = ft_model.Classifier(cfg, 2, deterministic=True)
+  ids = jnp.zeros((1, 8), jnp.int32)
+  params = jax.tree.map(np.array, ft_model.sh.strip_boxes(
+      model.init(jax.random.key(seed), ids, ids, jnp.ones_like(ids))["params"]))
+  return run_config, model, params
+
+
+def _data(n=24, seq=16, seed=0):
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(6, seq + 1, n)
+  groups = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
+  return dict(input_ids=rng.integers(5, 50, (n, seq)).astype(np.int32) * groups, type_ids=np.zeros((n, seq), np.int32),
+              groups=groups, label=rng.integers(0, 2, n).astype(np.int32))
+
+
+def _outputs(model, params, data, gates=None):
+  return np.asarray(model.apply({"params": params}, data["input_ids"], data["type_ids"], data["groups"], gates))
+
+
+def test_gating_a_head_to_zero_equals_removing_its_weights(tmp_path):
+  run_config, model, params = _classifier()
+  data = _data()
+  gates = np.array([[1, 0, 1, 1], [0, 0, 1, 0]], np.float32)  # layer 0 keeps 3 heads, layer 1 keeps 1
+  full = _outputs(model, params, data)
+  np.testing.assert_array_equal(_outputs(model, params, data, np.ones_like(gates)), full)  # gates of 1: no change
+  gated = _outputs(model, params, data, gates)
+  assert np.abs(gated - full).max() > 1e-4  # the gates do something
+
+  config, pruned = heads.prune(run_config, params, gates)
+  assert config.model.num_heads == 3 and config.model.head_size == 16  # the most any layer keeps; width kept
+  assert pruned["encoder"]["layers"]["attention"]["query"]["kernel"].shape == (2, 64, 3, 16)
+  assert pruned["encoder"]["layers"]["attention"]["output"]["kernel"].shape == (2, 3, 16, 64)
+  # One head slot fewer in each of 2 layers: q, k, v kernels and biases, and its output-projection rows.
+  assert heads.num_params(pruned) == heads.num_params(params) - 2 * (3 * (64 * 16 + 16) + 16 * 64)
+  small = ft_model.Classifier(config_lib.encoder_config(config.model), 2, deterministic=True)
+  np.testing.assert_allclose(_outputs(small, pruned, data), gated, atol=2e-5)
+
+  # Saved and loaded back, the physically smaller model gives the same outputs.
+  ft_model.save_model(str(tmp_path / "pruned"), config, small, pruned)
+  _, loaded_model, loaded = ft_model.load_model(str(tmp_path / "pruned"))
+  assert loaded_model.cfg.num_heads == 3
+  np.testing.assert_allclose(_outputs(loaded_model, loaded, data), gated, atol=2e-5)
+
+
+def test_importance_is_the_gate_gradient_normalized_per_layer():
+  _, model, params = _classifier(seed=1)
+  params["classifier"]["kernel"] *= 300  # loss differences float32 can resolve in the finite difference
+  data = _data(n=16)
+  ones = np.ones((2, 4), np.float32)
+  raw = heads.importance(model, params, data, ones, batch_size=16, normalize=False)
+  # One batch: |dL/dg| of the mean loss, over the examples; checked against a finite difference.
+  from bertjax.finetune import train
+
+  loss = lambda g: float(train._loss(params, {**data, "example_weight": np.ones(16, np.float32)}, None, model, False,
+                                     head_gates=jnp.asarray(g)))
+  eps = 1e-2
+  bump = ones.copy()
+  bump[1, 2] += eps
+  down = ones.copy()
+  down[1, 2] -= eps
+  assert raw[1, 2] == pytest.approx(abs(loss(bump) - loss(down)) / (2 * eps) / 16, rel=2e-2)
+  scores = heads.importance(model, params, data, ones, batch_size=8)
+  np.testing.assert_allclose(np.linalg.norm(scores, axis=1), 1.0, rtol=1e-6)
+  # A head whose output projection is zero cannot matter: importance 0.
+  dead = jax.tree.map(np.copy, params)
+  dead["encoder"]["layers"]["attention"]["output"]["kernel"][0, 3] = 0.0
+  assert heads.importance(model, dead, data, ones, batch_size=8)[0, 3] == 0.0
+
+
+def test_prune_curve_removes_the_least_important_heads_first():
+  _, model, params = _classifier(seed=2)
+  data = _data(n=16)
+  dead = jax.tree.map(np.copy, params)
+  dead["encoder"]["layers"]["attention"]["output"]["kernel"][1, 1] = 0.0  # importance 0: pruned first
+  curve = heads.prune_curve(model, dead, data, ["accuracy"], step_fraction=0.25, batch_size=16, log=lambda s: None)
+  assert [p["heads_removed"] for p in curve] == [0, 2, 4, 6, 7]
+  assert curve[1]["gates"][1][1] == 0.0
+  # Removing a dead head changes nothing.
+  assert np.asarray(curve[0]["gates"]).sum() == 8 and all(0 <= p["accuracy"] <= 1 for p in curve)
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory):
+  """A fine-tuning workdir as `python -m bertjax.finetune ... --config.save_model=True` leaves it (config.json,
+  seed_0/model), its model a random-init 4-head classifier: the commands do not care how well it learned,
+  and test_finetune checks that fine-tuning writes this layout."""
+  from bertjax.data.tokenizer import load_tokenizer
+  from bertjax.interop import convert
+  from test_finetune import _pair_task
+
+  tmp = tmp_path_factory.mktemp("heads")
+  task_dir, ckpt = tmp / "task", str(tmp / "hf")
+  task_dir.mkdir()
+  vocab = _pair_task(str(task_dir), n_train=16, n_eval=96)
+  (tmp / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  pre = micro("configs/bert.py:tiny", **{"model.num_heads": 4, "model.vocab_size": len(vocab)})
+  convert.write_hf(pre, convert.init_params(pre, seed=0), ckpt, load_tokenizer(f"wordpiece:{tmp / 'vocab.txt'}"))
+  config = load_config("configs/finetune.py:tiny")
+  config.task.name, config.task.text_a, config.task.text_b = "pairs", "sentence1", "sentence2"
+  config.task.source, config.init.checkpoint = f"tsv:{task_dir}", ckpt
+  config.seq_len, config.save_model, config.eval_batch_size = 32, True, 32
+  workdir = tmp / "ft"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(config.to_json())
+  model = ft_model.Classifier(config_lib.encoder_config(pre.model), 2, deterministic=True)
+  ids = jnp.zeros((1, 8), jnp.int32)
+  params = ft_model.sh.strip_boxes(model.init(jax.random.key(0), ids, ids, jnp.ones_like(ids))["params"])
+  ft_model.save_model(str(workdir / "seed_0" / ft_model.MODEL_DIR), pre, model, params)
+  return str(workdir)
+
+
+def test_heads_commands_write_importance_and_the_pruning_curve(finetuned, tmp_path, capsys):
+  out = str(tmp_path / "out")
+  result = heads.run_command("importance", finetuned, out)
+  assert np.shape(result["importance"]) == (2, 4) and len(result["ranking"]) == 8
+  assert os.path.getsize(os.path.join(out, "importance.png")) > 0
+  save = str(tmp_path / "pruned")
+  result = heads.run_command("prune", finetuned, out, step_fraction=0.25, save_dir=save, save_at=0.5)
+  curve = json.load(open(os.path.join(out, "prune_curve.json")))["curve"]
+  assert [p["heads_removed"] for p in curve] == [0, 2, 4, 6, 7]
+  assert os.path.getsize(os.path.join(out, "prune_curve.png")) > 0
+  saved = result["saved"]
+  assert saved["heads_removed"] == 4 and saved["params_after"] < saved["params_before"]
+  assert "saved the model with 4 heads removed" in capsys.readouterr().out
+  # The saved model loads, is smaller, and scores what the gated model scored at that step.
+  ft = heads.load_finetuned(finetuned, model_dir=save)
+  assert ft["model"].cfg.num_heads == saved["stored_heads_per_layer"] < 4
+  ones = np.ones((2, ft["model"].cfg.num_heads), np.float32)
+  assert heads.evaluate(ft["model"], ft["params"], ft["eval"], ones, ["accuracy"]) == {"accuracy": curve[2]["accuracy"]}
+  with pytest.raises(heads.UserError, match="already holds a model"):
+    heads.run_command("prune", finetuned, out, save_dir=save)
