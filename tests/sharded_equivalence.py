@@ -46,32 +46,43 @@ def run(config, devices, preset):
   return losses, state
 
 
+# Every family under the presets that shard it differently; dp shards nothing but the batch, which every
+# preset splits: one family shows it (compiles are the cost).
+ALL = {"bert": ("dp", "fsdp", "fsdp_tp"), "albert": ("fsdp", "fsdp_tp"), "electra": ("fsdp", "fsdp_tp"),
+       "spanbert_structbert": ("fsdp_tp",)}
+# The normal suite's share: BERT under the preset that shards parameters both ways (fsdp x tensor).
+QUICK = {"bert": ("fsdp_tp",)}
+
+
+def family(name):
+  if name == "spanbert_structbert":  # SpanBERT's SBO with StructBERT's WSO and SSO: every head the variants add
+    return micro("configs/spanbert.py:tiny", **{"objectives.wso": 1.0, "objectives.sso": 1.0})
+  return micro(f"configs/{name}.py:tiny")
+
+
 def main():
+  """argv: a workdir for the checkpoint, then `quick` (the normal suite) or `all` (pytest -m slow)."""
   assert jax.device_count() == 8, jax.device_count()
   results = {}
-  families = {"bert": micro("configs/bert.py:tiny"), "albert": micro("configs/albert.py:tiny"),
-              "electra": micro("configs/electra.py:tiny"),
-              # SpanBERT's SBO with StructBERT's WSO and SSO: every head the BERT variants add, in one model.
-              "spanbert_structbert": micro("configs/spanbert.py:tiny", **{"objectives.wso": 1.0, "objectives.sso": 1.0})}
-  for name, config in families.items():
+  for name, presets in (ALL if sys.argv[2] == "all" else QUICK).items():
+    config = family(name)
     config.model.dropout = config.model.attention_dropout = 0.0
     config.batch_size = 16
     ref_losses, ref_state = run(config, jax.devices()[:1], "dp")
-    # dp shards nothing but the batch, which every preset splits: one family shows it (compiles are the cost).
-    presets = {"bert": ("dp", "fsdp", "fsdp_tp"), "spanbert_structbert": ("fsdp_tp",)}.get(name, ("fsdp", "fsdp_tp"))
     for preset in presets:
       losses, state = run(config, jax.devices(), preset)
       diff = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
                  for a, b in zip(jax.tree.leaves(ref_state.params), jax.tree.leaves(state.params)))
       results[f"{name}/{preset}"] = dict(ref_losses=ref_losses, losses=losses, max_param_diff=diff)
-      if name == "bert" and preset == "dp":
-        trained_under_dp = state
-  results["restore"] = restore_elsewhere(families["bert"], trained_under_dp, sys.argv[1])
+      if name == "bert":
+        bert, trained = config, (preset, state)
+  results["restore"] = restore_elsewhere(bert, *trained, sys.argv[1])
   print("RESULTS " + json.dumps(results))
 
 
-def restore_elsewhere(config, state, workdir):
-  """Saves a state trained under dp on 8 devices; restores it under fsdp_tp and on one device."""
+def restore_elsewhere(config, preset, state, workdir):
+  """Saves a state trained under `preset` on 8 devices; restores it under the other sharded preset on 8 and
+  under dp on one."""
   from bertjax import checkpoint
 
   ckpt = checkpoint.Checkpointer(workdir)
@@ -79,13 +90,15 @@ def restore_elsewhere(config, state, workdir):
   ckpt.wait()
   saved = jax.tree.map(np.asarray, jax.device_get(state.params))
   out = {}
-  for preset, devices in (("fsdp_tp", jax.devices()), ("dp", jax.devices()[:1])):
+  elsewhere = "dp" if preset == "fsdp_tp" else "fsdp_tp"
+  for name, preset, devices in (("8 devices", elsewhere, jax.devices()), ("1 device", "dp", jax.devices()[:1])):
     c = config.copy_and_resolve_references()
     c.sharding = preset
     target = build.make_steps(c, sharding.make_mesh(preset, devices=devices), SPM_SPECIAL)
     restored = ckpt.restore(target.abstract_state)
     leaves = jax.tree.leaves(restored.params)
-    out[preset] = dict(
+    out[name] = dict(
+        preset=preset,
         max_diff=max(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(leaves, jax.tree.leaves(saved))),
         devices=sorted({len(x.sharding.device_set) for x in leaves}),
         matches_target=all(x.sharding == s for x, s in zip(leaves, jax.tree.leaves(target.state_shardings.params))))

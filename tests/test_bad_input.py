@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from conftest import read_metrics, train_cli
+from conftest import devices, read_metrics, train_cli
 
 SHORT = ("--config.total_steps=2", "--config.log_every=2", "--config.eval_every=2", "--config.checkpoint_every=2")
 
@@ -49,7 +49,7 @@ def test_tokenizer_size_disagreeing_with_the_config(tmp_path):
 
 def test_batch_not_divisible_by_the_devices(tmp_path):
   proc = train_cli(tmp_path / "w", "--config.batch_size=12", *SHORT,
-                   env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+                   env=devices(8))
   _one_line_error(proc, "not divisible by the 8 devices")
 
 

@@ -37,27 +37,47 @@ PHASED = ("--config.total_steps=40", "--config.checkpoint_every=10", "--config.k
           "--config.phases[1].fraction=0.75")
 
 
-def test_sigkill_in_phase_2_or_resuming_at_the_boundary_equals_the_uninterrupted_run(tmp_path):
-  whole, cut, boundary = tmp_path / "whole", tmp_path / "cut", tmp_path / "boundary"
-  run = lambda workdir, **kw: train_cli(workdir, *PHASED, spec="configs/bert.py:tiny_two_phase", **kw)
-  assert run(whole).returncode == 0
+def _phased(workdir, **kw):
+  return train_cli(workdir, *PHASED, spec="configs/bert.py:tiny_two_phase", **kw)
+
+
+def _loss40(workdir):
+  return [r["train/loss"] for r in read_metrics(workdir) if r["step"] == 40 and "train/loss" in r][-1]
+
+
+def _resumes_to_the_same_end(workdir, whole, resumed):
+  rerun = _phased(workdir)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert "resumed from" in rerun.stdout and any(r in rerun.stdout for r in resumed), rerun.stdout[-2000:]
+  assert _loss40(workdir) == _loss40(whole)
+  for x, y in zip(jax.tree.leaves(_params(whole, 40)), jax.tree.leaves(_params(workdir, 40))):
+    np.testing.assert_array_equal(x, y)  # bit-identical
+
+
+def _whole(tmp_path):
+  whole = tmp_path / "whole"
+  assert _phased(whole).returncode == 0
   assert {r["step"]: (r["phase"], r["seq_len"]) for r in read_metrics(whole) if "seq_len" in r} == {
       10: (1, 64), 20: (2, 128), 30: (2, 128), 40: (2, 128)}
-  proc = run(cut, wait=False)
+  return whole
+
+
+def test_sigkill_in_phase_2_resumes_to_the_uninterrupted_run(tmp_path):
+  whole, cut = _whole(tmp_path), tmp_path / "cut"
+  proc = _phased(cut, wait=False)
   _wait_for(cut / "checkpoints" / "20", proc)  # orbax renames the finished save to its step number
   proc.send_signal(signal.SIGKILL)
   proc.wait()
+  _resumes_to_the_same_end(cut, whole, ("at step 20", "at step 30"))
+
+
+@pytest.mark.slow
+def test_resuming_at_the_phase_boundary_equals_the_uninterrupted_run(tmp_path):
+  whole, boundary = _whole(tmp_path), tmp_path / "boundary"
   shutil.copytree(whole, boundary)  # the uninterrupted run's workdir with only the save at the boundary left
   for step in (20, 30, 40):
     shutil.rmtree(boundary / "checkpoints" / str(step))
-  loss40 = lambda d: [r["train/loss"] for r in read_metrics(d) if r["step"] == 40 and "train/loss" in r][-1]
-  for workdir, resumed in ((cut, ("at step 20", "at step 30")), (boundary, ("at step 10",))):
-    rerun = run(workdir)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "resumed from" in rerun.stdout and any(r in rerun.stdout for r in resumed), rerun.stdout[-2000:]
-    assert loss40(workdir) == loss40(whole)
-    for x, y in zip(jax.tree.leaves(_params(whole, 40)), jax.tree.leaves(_params(workdir, 40))):
-      np.testing.assert_array_equal(x, y)  # bit-identical
+  _resumes_to_the_same_end(boundary, whole, ("at step 10",))
 
 
 def test_sigterm_saves_the_current_step_and_exits_0(tmp_path):

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import MICRO_FLAGS, REPO, read_metrics, train_cli
+from conftest import MICRO_FLAGS, REPO, devices, read_metrics, train_cli
 from bertjax import supervisor
 from bertjax.data import pipeline, shards
 
@@ -42,7 +42,7 @@ def launch(workdir, *flags, log, processes=2, trace=None):
   """Starts `launch/gpu_multinode.sh --local N` training tiny BERT (fsdp) into workdir, 8 CPU devices in all;
   returns the Popen (its stdout and stderr go to the file `log`)."""
   env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "BERTJAX_COORDINATOR", "JAX_"))}
-  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // processes}", PYTHON=sys.executable,
+  env.update(**devices(8 // processes), PYTHON=sys.executable,
              BERTJAX_COORDINATOR_PORT=str(_free_port()), PYTHONPATH=REPO,
              JAX_COMPILATION_CACHE_DIR=os.environ["JAX_COMPILATION_CACHE_DIR"],
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
@@ -180,7 +180,7 @@ def check_the_two_process_checkpoint_resumes_in_one_process_at_the_same_next_ste
   resumed = _resume_copy(lost_peer["workdir"], tmp_path / "one", 2)
   r = train_cli(resumed, "--config.sharding=fsdp", "--config.log_every=1", "--config.eval_every=1000",
                 "--config.checkpoint_every=2", "--config.total_steps=3",
-                env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, timeout=600)
+                env=devices(8), timeout=600)
   assert r.returncode == 0, r.stderr[-2000:]
   assert "resumed from" in r.stdout + r.stderr
   assert _loss(resumed, 3) == pytest.approx(_loss(lost_peer["workdir"], 3), rel=1e-5)
@@ -264,7 +264,7 @@ def run_to_end(tmp_path, name, *flags, processes=2):
 def test_two_processes_follow_the_one_process_trajectory_and_checkpoints_move_both_ways(tmp_path):
   two = run_to_end(tmp_path, "two", "--config.total_steps=4")
   one = tmp_path / "one"
-  r = train_cli(one, "--config.total_steps=4", *FLAGS, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+  r = train_cli(one, "--config.total_steps=4", *FLAGS, env=devices(8))
   assert r.returncode == 0, r.stderr[-2000:]
   assert [_loss(two, s) for s in range(1, 5)] == pytest.approx([_loss(one, s) for s in range(1, 5)], rel=1e-5)
   # The 1-process checkpoint resumes in 2 processes, at the same next-step loss.

@@ -71,7 +71,7 @@ def test_finetuning_evaluates_the_int8_model(model_and_inputs):
   config.model.quantize, config.eval_batch_size = "int8", 16
   arrays = dict(input_ids=inputs[0], type_ids=inputs[1], groups=inputs[2], label=np.zeros(16, np.int32))
   q = quantize.int8(model)
-  expected = q.apply({"params": quantize.int8_params(q, params, *inputs)}, *inputs)
+  expected = jax.jit(q.apply)({"params": quantize.int8_params(q, params, *inputs)}, *inputs)  # jitted, as scored
   np.testing.assert_allclose(train.evaluator(config, model, arrays)(params), expected, atol=1e-6)
   config.model.quantize, config.init.checkpoint, config.task.source = "int4", "ckpt", "tsv:dir"
   with pytest.raises(train.UserError, match="model.quantize='int4'"):
