@@ -12,6 +12,7 @@ qwix computes how to quantize a weight inside one scanned layer, so `int8_params
 per-layer weights one layer at a time (vmap over the layer axis) instead of the stacked array as a whole.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -37,17 +38,22 @@ def _rule(qwix, cls):
   return cls(module_path=ENCODER_MATMULS, op_names=("dot_general",), weight_qtype=jnp.int8, act_qtype=jnp.int8)
 
 
+def _quantizable(model: nn.Module) -> nn.Module:
+  """The model with its Dense kernels contracted in their own shapes, which qwix matches to the parameters."""
+  return model.clone(cfg=dataclasses.replace(model.cfg, quantizable=True))
+
+
 def qat(model: nn.Module) -> nn.Module:
   """The model with int8 fake quantization of the encoder's matmuls in training and evaluation (QAT)."""
   qwix = _qwix()
-  return qwix.quantize_model(model, qwix.QtProvider([_rule(qwix, qwix.QtRule)]))
+  return qwix.quantize_model(_quantizable(model), qwix.QtProvider([_rule(qwix, qwix.QtRule)]))
 
 
 def int8(model: nn.Module) -> nn.Module:
   """The model with int8 weights and int8 matmuls in the encoder (inference); its params come from
   `int8_params`."""
   qwix = _qwix()
-  return qwix.quantize_model(model, qwix.PtqProvider([_rule(qwix, qwix.QuantizationRule)]))
+  return qwix.quantize_model(_quantizable(model), qwix.PtqProvider([_rule(qwix, qwix.QuantizationRule)]))
 
 
 def int8_params(int8_model: nn.Module, params, *inputs):

@@ -65,6 +65,9 @@ class EncoderConfig:
   scan_unroll: int = 0  # layers per scan iteration; 0: all of them up to UNROLL_MAX_LAYERS, else 1
   attention: str = "xla"  # resolved implementation (bertjax.model.attention): xla | dot_product | cudnn | splash
   head_size: int = 0  # width of one head; 0: hidden_size // num_heads (set when heads were pruned away)
+  # Dense matmuls contract the kernel in its own shape, as a quantization library intercepting dot_general
+  # needs (qwix matches the operand to the parameter; bertjax.quantize sets it); else as a 2-D [in, out] matrix.
+  quantizable: bool = False
 
   @property
   def head_dim(self) -> int:
@@ -248,20 +251,25 @@ class Dense(nn.Module):
     bias = self.param("bias", _zeros(self.names[n_in:]), self.out_shape)
     # flax's promote_dtype (as nn.Dense calls it): quantization libraries intercept it (qwix: bertjax.quantize).
     x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.cfg.dtype)
-    return tokens_matmul(x, kernel, n_in) + bias.astype(self.cfg.dtype)
+    return tokens_matmul(x, kernel, n_in, flat_kernel=not self.cfg.quantizable) + bias.astype(self.cfg.dtype)
 
 
-def tokens_matmul(x, kernel, n_in: int):
-  """x [..., *in] @ kernel [*in, *out] -> [..., *out], as one 2-D [tokens, in] x [in, out] matmul.
+def tokens_matmul(x, kernel, n_in: int, flat_kernel: bool = True):
+  """x [..., *in] @ kernel [*in, *out] -> [..., *out], as one [tokens, in] x [in, out] matmul.
 
   The weight gradient contracts over every token; as a 2-D matmul it does so in place, while contracting
   the [batch, seq] axes of a 3-D activation makes XLA:CPU transpose and copy the activation first, one
-  per weight gradient (~7% of a BERT-base CPU step, ~15% of a tiny one). Merging the leading axes is a
-  bitcast, and a batch axis sharded over the mesh stays the major part of the merged one. The kernel keeps
-  its shape (the token axis is the activation's only leading axis either way), and the product is
-  lax.dot_general called by name: quantization libraries intercepting it (qwix) see the parameter itself."""
+  per weight gradient (~7% of a BERT-base CPU step, ~15% of a tiny one). A kernel of several in or out axes
+  (q/k/v [E, heads, head_dim], the attention output [heads, head_dim, E]) is flattened to 2-D too: contracted
+  in its own shape it costs a transpose of the kernel or of the activation per matmul and gradient. Merging
+  adjacent axes is a bitcast, and a batch axis sharded over the mesh stays the major part of the merged one.
+  `flat_kernel=False` keeps the kernel's shape for quantization (EncoderConfig.quantizable)."""
   lead, out_shape = x.shape[: x.ndim - n_in], kernel.shape[n_in:]
-  x2 = x.reshape(math.prod(lead), *x.shape[x.ndim - n_in:])
+  if flat_kernel:
+    x2 = x.reshape(math.prod(lead), math.prod(kernel.shape[:n_in]))
+    kernel, n_in = kernel.reshape(x2.shape[1], math.prod(out_shape)), 1
+  else:
+    x2 = x.reshape(math.prod(lead), *x.shape[x.ndim - n_in:])
   y = jax.lax.dot_general(x2, kernel, ((tuple(range(1, n_in + 1)), tuple(range(n_in))), ((), ())))
   return y.reshape(*lead, *out_shape)
 
