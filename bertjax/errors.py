@@ -134,6 +134,8 @@ def run_config_workdir(example: str, workdir_help: str, entry: str):
     try:
       getattr(importlib.import_module(module), function)(config.value, where)
     except Exception as e:
+      if not workdir.value and not os.listdir(where):  # the run's own fresh workdir, still empty: leave nothing
+        os.rmdir(where)
       supervisor.await_lost_peer_report(e, c.get("heartbeat_timeout", 100.0))
       raise
 

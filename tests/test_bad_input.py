@@ -119,6 +119,10 @@ def test_without_workdir_a_run_gets_a_fresh_one(tmp_path, monkeypatch):
   workdir = next(l for l in proc.stdout.splitlines() if l.startswith("workdir: ")).split()[1]
   assert workdir.startswith(str(tmp_path / "bertjax" / "bert-tiny-"))
   assert os.path.exists(os.path.join(workdir, "metrics.jsonl"))
+  # A run that stops at a user error leaves no empty directory behind.
+  bad = train_cli("", "--config.model.attention=dot_product", env={"TMPDIR": str(tmp_path)})
+  assert bad.returncode == 2 and bad.stderr.startswith("error: model.attention=dot_product"), bad.stderr[-2000:]
+  assert os.listdir(tmp_path / "bertjax") == [os.path.basename(workdir)]
   import tempfile
 
   from bertjax.errors import default_workdir
