@@ -31,6 +31,24 @@ def _private_cache(tmp_path_factory):
   os.environ["BERTJAX_CACHE"] = str(tmp_path_factory.mktemp("bertjax-cache"))
 
 
+def encoder_only(cfg):
+  """Embeddings and encoder of `cfg` (an EncoderConfig), no heads: apply(variables, ids, groups) -> hidden."""
+  from flax import linen as nn
+  import jax.numpy as jnp
+
+  from bertjax.model.encoder import Embeddings, Encoder
+
+  class EncoderOnly(nn.Module):
+    cfg: object
+
+    @nn.compact
+    def __call__(self, ids, groups):
+      x = Embeddings(self.cfg)(ids, jnp.zeros_like(ids), True)
+      return Encoder(self.cfg)(x, groups)
+
+  return EncoderOnly(cfg)
+
+
 def load_config(spec: str):
   return config_lib.load(os.path.join(REPO, spec))
 

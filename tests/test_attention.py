@@ -14,7 +14,7 @@ from bertjax import config as config_lib
 from bertjax.errors import UserError
 from bertjax.model import attention as attention_lib
 from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig
-from conftest import load_config, train_cli
+from conftest import encoder_only, load_config, train_cli
 
 CFG = EncoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                     embedding_size=32, attention_dropout=0.0)
@@ -27,18 +27,9 @@ GROUPS = np.zeros((2, S), np.int32)
 GROUPS[0, :90], GROUPS[1, :50], GROUPS[1, 50:120] = 1, 1, 2
 
 
-class _Model(nn.Module):
-  cfg: EncoderConfig
-
-  @nn.compact
-  def __call__(self, ids, groups):
-    x = Embeddings(self.cfg)(ids, jnp.zeros_like(ids), True)
-    return Encoder(self.cfg)(x, groups)
-
-
 @pytest.fixture(scope="module")
 def params():
-  return _Model(CFG).init(jax.random.key(0), IDS, GROUPS)
+  return encoder_only(CFG).init(jax.random.key(0), IDS, GROUPS)
 
 
 @pytest.fixture
@@ -49,7 +40,7 @@ def splash_interpreted(monkeypatch):
 
 def _outputs_and_grads(impl, params):
   """Hidden states and the gradient of a loss over real tokens, under implementation `impl`."""
-  model = _Model(dataclasses.replace(CFG, attention=impl))
+  model = encoder_only(dataclasses.replace(CFG, attention=impl))
   real = jnp.asarray(GROUPS > 0)[..., None]
   loss = lambda p: jnp.sum(jnp.where(real, model.apply(p, IDS, GROUPS), 0.0) ** 2)
   out = model.apply(params, IDS, GROUPS)
@@ -74,7 +65,7 @@ def test_implementations_agree_with_the_xla_path(impl, params, splash_interprete
 def test_packed_examples_do_not_see_each_other(impl, params, splash_interpreted):
   """Each packed example of row 1 gives the same states as when it is the row's only example (the encoder
   on the same embeddings, the other example turned into padding)."""
-  model = _Model(dataclasses.replace(CFG, attention=impl))
+  model = encoder_only(dataclasses.replace(CFG, attention=impl))
   p = nn.unbox(params)
   x = Embeddings(CFG).apply({"params": p["params"]["Embeddings_0"]}, IDS, jnp.zeros_like(IDS), True)
   enc = lambda x, g: Encoder(model.cfg).apply({"params": p["params"]["Encoder_0"]}, x, g)

@@ -8,7 +8,7 @@ from flax import linen as nn
 
 from bertjax import build, sharding, summary
 from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig
-from conftest import load_config
+from conftest import encoder_only, load_config
 
 # HF transformers' counts for the same configs (BertForPreTraining, AlbertForPreTraining,
 # ElectraForPreTraining discriminators, RobertaForMaskedLM).
@@ -44,18 +44,9 @@ def _encoder(sharing, groups=1, layers=4, remat="none", dtype=jnp.float32):
                        embedding_size=16, sharing=sharing, num_groups=groups, remat=remat, dtype=dtype)
 
 
-class _Model(nn.Module):
-  cfg: EncoderConfig
-
-  @nn.compact
-  def __call__(self, ids, groups):
-    x = Embeddings(self.cfg)(ids, jnp.zeros_like(ids), True)
-    return Encoder(self.cfg)(x, groups)
-
-
 def _init(cfg, ids=None):
   ids = jnp.arange(1, 17, dtype=jnp.int32).reshape(2, 8) if ids is None else ids
-  variables = _Model(cfg).init(jax.random.key(0), ids, (ids > 0).astype(jnp.int32))
+  variables = encoder_only(cfg).init(jax.random.key(0), ids, (ids > 0).astype(jnp.int32))
   return variables, ids
 
 
@@ -77,7 +68,7 @@ def test_sharing_modes_shape_the_parameter_tree(sharing, groups, stacked, shared
   for name, n in shared.items():
     leaves = jax.tree.leaves(enc[name])
     assert all(leaf.shape[0] == n for leaf in leaves)
-  out = _Model(cfg).apply(variables, ids, (ids > 0).astype(jnp.int32))
+  out = encoder_only(cfg).apply(variables, ids, (ids > 0).astype(jnp.int32))
   assert out.shape == (2, 8, 32) and np.isfinite(np.asarray(out)).all()
   # Stacked/shared parameters carry the `layers` logical axis, so sharding rules can place them.
   specs = nn.get_partition_spec(variables["params"])["Encoder_0"]
@@ -90,7 +81,7 @@ def test_shared_layers_are_the_same_function():
   of the 1-layer model with those parameters."""
   cfg4, cfg1 = _encoder("all", layers=4), _encoder("all", layers=1)
   variables, ids = _init(cfg4)
-  out4 = _Model(cfg4).apply(variables, ids, jnp.ones_like(ids))
+  out4 = encoder_only(cfg4).apply(variables, ids, jnp.ones_like(ids))
   p = sharding.strip_boxes(variables["params"])
   x = Embeddings(cfg4).apply({"params": p["Embeddings_0"]}, ids, jnp.zeros_like(ids), True)
   x = x @ p["Encoder_0"]["embedding_projection"]["kernel"] + p["Encoder_0"]["embedding_projection"]["bias"]
@@ -107,19 +98,19 @@ def test_padding_does_not_change_real_tokens():
   ids = jnp.array([[5, 6, 7, 8, 0, 0, 0, 0]], jnp.int32)
   variables, _ = _init(cfg, ids)
   groups = (ids > 0).astype(jnp.int32)
-  a = _Model(cfg).apply(variables, ids, groups)
+  a = encoder_only(cfg).apply(variables, ids, groups)
   ids2 = ids.at[0, 5].set(9)  # change a padded position's token; it stays masked out
-  b = _Model(cfg).apply(variables, ids2, groups)
+  b = encoder_only(cfg).apply(variables, ids2, groups)
   np.testing.assert_allclose(np.asarray(a[0, :4]), np.asarray(b[0, :4]), atol=1e-6)
 
 
 def test_remat_and_bf16_run_and_agree():
   ids = jnp.arange(1, 17, dtype=jnp.int32).reshape(2, 8)
   base, _ = _init(_encoder("none"), ids)
-  ref = _Model(_encoder("none")).apply(base, ids, jnp.ones_like(ids))
-  remat = _Model(_encoder("none", remat="full")).apply(base, ids, jnp.ones_like(ids))
+  ref = encoder_only(_encoder("none")).apply(base, ids, jnp.ones_like(ids))
+  remat = encoder_only(_encoder("none", remat="full")).apply(base, ids, jnp.ones_like(ids))
   np.testing.assert_allclose(np.asarray(ref), np.asarray(remat), atol=1e-6)
-  bf16 = _Model(_encoder("none", dtype=jnp.bfloat16)).apply(base, ids, jnp.ones_like(ids))
+  bf16 = encoder_only(_encoder("none", dtype=jnp.bfloat16)).apply(base, ids, jnp.ones_like(ids))
   assert bf16.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(ref), np.asarray(bf16, np.float32), atol=0.1)
 
