@@ -17,6 +17,7 @@ import numpy as np
 from bertjax import build
 from bertjax.errors import UserError
 from bertjax.interop import convert, tokenizers as hf_tokenizers, workdir as wd
+from bertjax.model.encoder import sown_by_layers
 
 
 @dataclasses.dataclass
@@ -77,10 +78,7 @@ def attention_probs(config, params, input_ids, type_ids, groups=None) -> np.ndar
   config.model.attention = "xla"
   more = () if groups is None else (groups,)
   _, sown = _apply(config, _encode_fn, params, input_ids, type_ids, ("intermediates",), *more)
-  found = [v for path, v in jax.tree_util.tree_leaves_with_path(sown["intermediates"]["encoder"])
-           if any(getattr(k, "key", None) == "attention_probs" for k in path)]
-  (probs,) = found  # one per encoder: the scanned layers stack it along axis 0
-  return np.asarray(probs)
+  return np.asarray(sown_by_layers(sown, "attention_probs"))
 
 
 def _tokenized(loaded: Loaded, text: str, pair: str | None = None) -> tuple[list, list]:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from bertjax.model.encoder import EncoderConfig
+from bertjax.model.encoder import EncoderConfig, sown_by_layers
 from bertjax.model.pretrain import Pretrainer
 
 
@@ -23,13 +23,6 @@ def _forward(m: Pretrainer, batch):
   """Final hidden states and MLM logits at the masked positions of a (bound) Pretrainer."""
   hidden = m.encode(batch["input_ids"], batch["type_ids"], batch["groups"], batch.get("position_ids"))
   return hidden, m.mlm(hidden, batch["mlm_positions"], m.embeddings)
-
-
-def _sown(sown, key):
-  """The [layers, ...] stack of one sown value of the encoder (hidden or attention_probs)."""
-  found = [v for path, v in jax.tree_util.tree_leaves_with_path(sown["intermediates"]["encoder"])
-           if any(getattr(k, "key", None) == key for k in path)]
-  return found[0]
 
 
 def layer_map(student_layers: int, teacher_layers: int) -> np.ndarray:
@@ -81,10 +74,10 @@ class Distiller(nn.Module):
                student_hidden=s_hidden, teacher_hidden=jax.lax.stop_gradient(t_hidden))
     if self.layer_outputs:
       idx = layer_map(self.student_model.cfg.num_layers, self.teacher_model.cfg.num_layers)
-      out["student_layers"] = _sown(s_sown, "hidden")
-      out["teacher_layers"] = jax.lax.stop_gradient(_sown(t_sown, "hidden")[idx])
-      out["student_attention"] = _sown(s_sown, "attention_probs")
-      out["teacher_attention"] = jax.lax.stop_gradient(_sown(t_sown, "attention_probs")[idx])
+      out["student_layers"] = sown_by_layers(s_sown, "hidden")
+      out["teacher_layers"] = jax.lax.stop_gradient(sown_by_layers(t_sown, "hidden")[idx])
+      out["student_attention"] = sown_by_layers(s_sown, "attention_probs")
+      out["teacher_attention"] = jax.lax.stop_gradient(sown_by_layers(t_sown, "attention_probs")[idx])
     return out
 
 

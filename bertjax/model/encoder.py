@@ -398,6 +398,15 @@ class Layer(Block):
     return x, None
 
 
+def sown_by_layers(intermediates, key: str):
+  """The [layers, ...] stack of one value every layer sows (`hidden`, `attention_probs`), from the
+  "intermediates" a model's apply returned with that collection mutable: one per encoder, the scanned layers
+  stacking it along axis 0."""
+  (value,) = [v for path, v in jax.tree_util.tree_leaves_with_path(intermediates["intermediates"]["encoder"])
+              if any(getattr(k, "key", None) == key for k in path)]
+  return value
+
+
 def _stacked_init(block_cls, cfg: EncoderConfig, n: int):
   """Initializer of `n` stacked copies of a block's parameters, with a leading `layers` axis name."""
 
