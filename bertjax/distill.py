@@ -137,17 +137,11 @@ def baseline_config(config) -> ml_collections.ConfigDict:
 def save_student(config, params, tokenizer_spec: str, directory: str):
   """W/student: the student alone as a bertjax workdir (config.json + params), what inference, fine-tuning
   and `bertjax.hf export` read."""
-  from bertjax import checkpoint
+  from bertjax.interop import workdir as wd
 
   c = baseline_config(config)
   c.data.tokenizer = tokenizer_spec
-  os.makedirs(directory, exist_ok=True)
-  with open(os.path.join(directory, "config.json"), "w") as f:
-    f.write(c.to_json(indent=2))
-  ckpt = checkpoint.Checkpointer(directory, keep=1, async_save=False)
-  ckpt.save(0, dict(step=np.int32(0), params=jax.tree.map(np.asarray, params)),
-            dict(distilled_from=config.teacher, tokenizer=dict(spec=tokenizer_spec)), force=True)
-  ckpt.close()
+  wd.write(directory, c, params, dict(distilled_from=config.teacher, tokenizer=dict(spec=tokenizer_spec)))
 
 
 def _final_eval(workdir: str) -> dict:

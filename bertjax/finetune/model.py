@@ -81,17 +81,12 @@ def save_model(directory: str, run_config, model: Classifier, params) -> None:
   """Writes a fine-tuned classifier: `config.json` (its encoder's run config, as a pretraining workdir
   has), `classifier.json` (head and outputs) and an orbax checkpoint of its params (bertjax.heads reads it;
   a head-pruned model is written the same way with fewer heads in its config)."""
-  from bertjax import checkpoint
+  from bertjax.interop import workdir as wd
 
-  os.makedirs(directory, exist_ok=True)
-  with open(os.path.join(directory, "config.json"), "w") as f:
-    f.write(run_config.to_json(indent=2))
   head = dict(head=model.head, num_outputs=model.num_outputs, classifier_dropout=model.classifier_dropout)
+  wd.write(directory, run_config, params, head)
   with open(os.path.join(directory, "classifier.json"), "w") as f:
     json.dump(head, f, indent=2)
-  ckpt = checkpoint.Checkpointer(directory, keep=1, async_save=False)
-  ckpt.save(0, dict(step=np.int32(0), params=jax.tree.map(np.asarray, params)), head, force=True)
-  ckpt.close()
 
 
 def load_model(directory: str, cfg: EncoderConfig | None = None) -> tuple:

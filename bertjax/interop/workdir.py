@@ -34,17 +34,25 @@ def save(imported: Imported, workdir: str, source: str = "") -> str:
     spec = tok.spec()
   config = imported.config
   config.data.tokenizer = spec
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json(indent=2))
   params = dict(imported.params)
   if imported.pooler is not None:
     params["pooler"] = imported.pooler  # not part of the Pretrainer; fine-tuning starts its pooler from it
   manifest = dict(config=json.loads(config.to_json()), imported_from=source, family=imported.family,
                   fresh=imported.fresh, tokenizer=dict(spec=spec, vocab_size=tok.vocab_size if tok else 0))
-  ckpt = checkpoint.Checkpointer(workdir, keep=1, async_save=False)
-  ckpt.save(0, dict(step=np.int32(0), params=params), manifest, force=True)
-  ckpt.close()
+  write(workdir, config, params, manifest)
   return spec
+
+
+def write(directory: str, config: ml_collections.ConfigDict, params, manifest: dict) -> None:
+  """A workdir of one model and no run: config.json and an orbax checkpoint of `params` at step 0 with
+  `manifest`, what `load`, export, fine-tuning and init_from read (an import, a fine-tuned classifier, a
+  distilled student)."""
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    f.write(config.to_json(indent=2))
+  ckpt = checkpoint.Checkpointer(directory, keep=1, async_save=False)
+  ckpt.save(0, dict(step=np.int32(0), params=jax.tree.map(np.asarray, params)), manifest, force=True)
+  ckpt.close()
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
