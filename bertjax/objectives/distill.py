@@ -30,17 +30,17 @@ def _token_count(batch):
   return (batch["groups"] > 0).sum().astype(jnp.float32)
 
 
+def _log_softmax(x):
+  return jax.nn.log_softmax(x.astype(jnp.float32), axis=-1)
+
+
 def _ce(outputs, batch):
   w = batch["mlm_weights"].astype(jnp.float32)
-  log_s = jax_log_softmax(outputs["kd_student_logits"])
-  log_t = jax_log_softmax(outputs["kd_teacher_logits"])
+  log_s = _log_softmax(outputs["kd_student_logits"])
+  log_t = _log_softmax(outputs["kd_teacher_logits"])
   kl = (jnp.exp(log_t) * (log_t - log_s)).sum(-1) * outputs["kd_scale"]
   total = (kl * w).sum()
   return total, {"distill_ce_loss": Mean(total, w.sum())}
-
-
-def jax_log_softmax(x):
-  return jax.nn.log_softmax(x.astype(jnp.float32), axis=-1)
 
 
 def _cos(outputs, batch):
