@@ -7,6 +7,9 @@ Every scheme chooses `n = clip(round(mask_prob * candidates), 1, max_predictions
 random token / stay as they are with probabilities (mask_token_prob, random_token_prob, rest): BERT
 80/10/10, ELECTRA 85/0/15. Each slot also carries the boundaries of its span (the maximal run of masked
 tokens around it), which SpanBERT's span-boundary objective predicts from.
+
+`make_config` turns the run config's masking section (with the tokenizer's special ids) into a MaskingConfig;
+`validate` checks that section.
 """
 
 import dataclasses
