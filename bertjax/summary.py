@@ -14,6 +14,7 @@ from ml_collections import config_flags
 from bertjax.core import config as config_lib, runtime
 from bertjax.core.cli import cli, run
 from bertjax.model import flops
+from bertjax.model.pretrain import Pretrainer
 from bertjax.objectives import masking
 from bertjax.train import build
 
@@ -58,7 +59,10 @@ def recipe(config, model) -> list:
 
 def heads(config, model, params) -> list:
   """A line for each head the BERT-family variants add (SpanBERT's SBO, StructBERT's WSO and SSO): its
-  parameters and its share of the training FLOPs per token (of the first phase's shapes)."""
+  parameters and its share of the training FLOPs per token (of the first phase's shapes). A Distiller has
+  none: its student is an MLM model."""
+  if not isinstance(model, Pretrainer):
+    return []
   c = config_lib.phases(config)[0].config
   p, q = config_lib.max_predictions(c), masking.shuffle_slots(c.seq_len, c.masking.wso_share)
   lines = []

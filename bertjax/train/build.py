@@ -36,6 +36,7 @@ def validate(config):
   config_lib.validate(config)
   model_config.validate_attention(config)
   instances.validate(config)
+  _plugin(config)  # a config that needs a plugin (a teacher) fails here, before a run writes anything
 
 
 @dataclasses.dataclass(frozen=True)
