@@ -124,7 +124,7 @@ def test_prune_curve_follows_the_importance_ranking_at_every_step():
     assert np.abs(gated - full).max() > 1e-4  # beyond the dead head, live heads are gone, and it shows
   gates = np.asarray(curve[2]["gates"], np.float32)  # 4 of 8 removed (one compile of the smaller model)
   config, pruned = heads.prune(run_config, dead, gates)
-  small = ft_model.Classifier(config_lib.encoder_config(config.model), 2, deterministic=True)
+  small = ft_model.Classifier(model_config.encoder_config(config.model), 2, deterministic=True)
   np.testing.assert_allclose(_outputs(small, pruned, data), _outputs(model, dead, data, gates), atol=2e-5)
 
 
