@@ -53,6 +53,26 @@ def test_losses_on_hand_made_outputs():
   np.testing.assert_array_equal(distill_model.layer_map(3, 6), [1, 3, 5])  # TinyBERT: m -> m x L_t / L_s
 
 
+def test_attention_loss_where_the_maps_differ():
+  """TinyBERT's attention loss on maps that differ everywhere, padding included: the squared differences
+  summed over real (query, key) pairs, heads and layers, counted per real token; recomputed with loops."""
+  rng = np.random.default_rng(1)
+  groups = np.array([[1, 1, 1, 0], [1, 1, 0, 0]])  # 5 real tokens; padding queries and keys must not count
+  maps = lambda: jax.nn.softmax(rng.normal(size=(2, 2, 3, 4, 4)) * 3, axis=-1)  # [L, B, H, S, S]
+  student, teacher = np.array(maps(), np.float32), np.array(maps(), np.float32)
+  teacher[..., 3] += 10.0  # padding keys differ wildly (row 0's key 3, row 1's keys 2-3 are padding)
+  expected = 0.0
+  for layer, b, h, q, k in np.ndindex(*student.shape):
+    if groups[b, q] and groups[b, k]:
+      expected += (float(student[layer, b, h, q, k]) - float(teacher[layer, b, h, q, k])) ** 2
+  total, m = objectives.attention.loss(dict(student_attention=student, teacher_attention=teacher),
+                                       dict(groups=groups))
+  assert expected > 0.1
+  assert float(total) == pytest.approx(expected, rel=1e-5)
+  assert float(m["distill_attention_loss"].count) == 5
+  assert float(objectives.attention.count(dict(groups=groups))) == 5
+
+
 def test_student_starts_from_every_other_teacher_layer():
   teacher = micro(**{"model.num_layers": 4, "model.vocab_size": 40})
   student = micro("configs/distill.py:tiny", **{"model.num_layers": 2, "model.vocab_size": 40})

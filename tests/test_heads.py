@@ -86,16 +86,46 @@ def test_importance_is_the_gate_gradient_normalized_per_layer():
   assert heads.importance(model, dead, data, ones, batch_size=8)[0, 3] == 0.0
 
 
-def test_prune_curve_removes_the_least_important_heads_first():
-  _, model, params = _classifier(seed=2)
+def _reference_importance(model, params, data, gates):
+  """Michel et al.'s per-layer-normalized |dL/d gate| for one batch, written here from the model's outputs
+  (softmax cross-entropy by hand), not through bertjax.heads or the fine-tuning loss."""
+  def loss(g):
+    logits = model.apply({"params": params}, data["input_ids"], data["type_ids"], data["groups"], g)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+    return -jnp.take_along_axis(logp, data["label"][:, None], axis=1).mean()
+
+  g = np.abs(np.asarray(jax.grad(loss)(jnp.asarray(gates, jnp.float32)), np.float64))
+  return g / np.linalg.norm(g, axis=1, keepdims=True)
+
+
+def test_prune_curve_follows_the_importance_ranking_at_every_step():
+  run_config, model, params = _classifier(seed=2)
   data = _data(n=16)
   dead = jax.tree.map(np.copy, params)
   dead["encoder"]["layers"]["attention"]["output"]["kernel"][1, 1] = 0.0  # importance 0: pruned first
   curve = heads.prune_curve(model, dead, data, ["accuracy"], step_fraction=0.25, batch_size=16, log=lambda s: None)
   assert [p["heads_removed"] for p in curve] == [0, 2, 4, 6, 7]
   assert curve[1]["gates"][1][1] == 0.0
-  # Removing a dead head changes nothing.
-  assert np.asarray(curve[0]["gates"]).sum() == 8 and all(0 <= p["accuracy"] <= 1 for p in curve)
+  # The whole order, recomputed independently: at each step the heads removed are the lowest-scored of the
+  # remaining ones, scored at the current gates (re-scored after every step), across layers.
+  for before, after in zip(curve, curve[1:]):
+    gates = np.asarray(before["gates"], np.float32)
+    score = np.where(gates > 0, _reference_importance(model, dead, data, gates), np.inf)
+    n = after["heads_removed"] - before["heads_removed"]
+    expected = set(np.argsort(score, axis=None)[:n].tolist())
+    newly = set(np.flatnonzero((gates > 0) & (np.asarray(after["gates"]) == 0)).tolist())
+    assert newly == expected, (after["heads_removed"], sorted(newly), sorted(expected), score)
+  # Each step's metric is that of the model with those heads gated off, and physically removing them gives
+  # the same outputs as gating them: removing heads that matter changes the outputs, exactly as gating does.
+  full = _outputs(model, dead, data)
+  for point in curve[1:]:
+    gated = _outputs(model, dead, data, np.asarray(point["gates"], np.float32))
+    assert point["accuracy"] == pytest.approx(float((gated.argmax(-1) == data["label"]).mean()))
+    assert np.abs(gated - full).max() > 1e-4  # beyond the dead head, live heads are gone, and it shows
+  gates = np.asarray(curve[2]["gates"], np.float32)  # 4 of 8 removed (one compile of the smaller model)
+  config, pruned = heads.prune(run_config, dead, gates)
+  small = ft_model.Classifier(model_config.encoder_config(config.model), 2, deterministic=True)
+  np.testing.assert_allclose(_outputs(small, pruned, data), _outputs(model, dead, data, gates), atol=2e-5)
 
 
 @pytest.fixture(scope="module")

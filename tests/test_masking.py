@@ -1,6 +1,7 @@
 """Masking statistics over many draws: rates, 80/10/10, never specials or padding, spans and n-grams."""
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -152,18 +153,103 @@ def test_span_scheme_is_geometric_and_clipped():
   assert spans > ngrams + 0.3, (spans, ngrams)
 
 
+def _runs(selected_row):
+  """(start, end) of each maximal run of selected tokens: SpanBERT's spans after merge_intervals."""
+  padded = np.concatenate([[False], selected_row, [False]]).astype(np.int8)
+  edges = np.flatnonzero(np.diff(padded))
+  return list(zip(edges[::2], edges[1::2]))
+
+
 def test_span_action_is_per_span():
-  """SpanBERT decides [MASK] / random / keep once per span: within a span all tokens share it."""
-  ids, ws, out, chosen = _run("span")
-  cand = ~np.isin(ids, SPECIAL)
-  mixed = 0
+  """SpanBERT decides [MASK] / random / keep once per merged span (span_masking draws one number per span):
+  every token of a span gets the same action, and the actions over spans split 80/10/10."""
+  ids, _, out, chosen = _run("span")
+  actions = []
   for b in range(B):
-    words = _words(ws[b], cand[b])
-    for w in np.unique(words[chosen[b]]):
-      toks = out["input_ids"][b][(words == w) & chosen[b]]  # (SpanBERT's budget may cut a word)
-      is_mask = toks == MASK
-      mixed += is_mask.any() and not is_mask.all()
-  assert mixed == 0
+    for start, end in _runs(chosen[b]):
+      new, orig = out["input_ids"][b, start:end], ids[b, start:end]
+      kind = np.where(new == MASK, 0, np.where(new == orig, 1, 2))  # mask / kept / random
+      if end - start > 1:
+        actions.append(kind)
+  multi = len(actions)
+  assert multi > 500  # many spans of several tokens
+  # A random token equals the original 1 time in VOCAB: a random span may show a kept token, nothing else.
+  mixed = [k for k in actions if len(set(k.tolist()) - ({1} if 2 in k else set())) > 1]
+  assert not mixed, f"{len(mixed)} of {multi} spans mix actions, e.g. {mixed[:3]}"
+  first = np.asarray([k.max() if 2 in k else k[0] for k in actions])
+  assert abs((first == 0).mean() - 0.8) < 0.05 and abs((first == 2).mean() - 0.1) < 0.04
+
+
+def _spanbert_reference(word_start, budget, lengths, uniforms):
+  """facebookresearch/SpanBERT's PairWithSpanMaskingScheme.mask, ported to plain Python on one text segment
+  (no [CLS]/[SEP]) with its random draws given: `lengths[i]` the i-th span length in words, and an anchor
+  drawn uniformly among the unmasked tokens (the reference redraws an anchor that is already masked, which is
+  the same distribution) as the unmasked token with the largest `uniforms[i]`. Returns the masked positions."""
+  n = len(word_start)
+
+  def word_begin(i):  # get_word_start: back to the token that starts a word
+    while i > 0 and not word_start[i]:
+      i -= 1
+    return i
+
+  def word_end(i):  # get_word_end: the next word's first token
+    i += 1
+    while i < n and not word_start[i]:
+      i += 1
+    return i
+
+  mask = set()
+  for span_len, u in zip(lengths, uniforms):
+    if len(mask) >= budget:
+      break
+    anchor = max((i for i in range(n) if i not in mask), key=lambda i: u[i])
+    left, right = word_begin(anchor), word_end(anchor)
+    for i in range(left, right):
+      if len(mask) >= budget:
+        break
+      mask.add(i)
+    words = 1
+    while words < span_len and right < n and len(mask) < budget:
+      left, right = right, word_end(right)
+      words += 1
+      for i in range(left, right):
+        if len(mask) >= budget:
+          break
+        mask.add(i)
+  return mask
+
+
+def test_span_sampler_matches_a_port_of_spanbert_s_with_the_same_draws():
+  """Single-segment rows ([CLS] text [SEP], as SpanBERT trains): the masked tokens of every row equal those
+  of the reference sampler given the same draws (geometric(0.2) lengths clipped at 10 words, anchors), so
+  span lengths in words, word-start alignment, merging and the ceil(15%) budget cut all follow SpanBERT."""
+  rows = 24
+  rng = np.random.default_rng(5)
+  ids = rng.integers(5, VOCAB, (rows, S)).astype(np.int32)
+  lengths_tok = rng.integers(40, S, rows)
+  ids[:, 0] = 2
+  for b, n in enumerate(lengths_tok):
+    ids[b, n - 1], ids[b, n:] = 3, 0
+  ws = rng.random((rows, S)) < 0.6
+  cfg = masking.MaskingConfig(*VOCAB_FACTS, scheme="span", max_predictions=masking.max_predictions(S, 0.15))
+  key = jax.random.key(11)
+  out = jax.tree.map(np.asarray, masking.mask_batch(key, jnp.asarray(ids), jnp.asarray(ws), cfg))
+  # The draws mask_batch makes for row b: its selection stream, split per row, then (lengths, anchors).
+  row_keys = jax.random.split(jax.random.split(key, 3)[0], rows)
+  probs = jnp.asarray(masking.span_length_probs(cfg))
+  p = cfg.max_predictions
+  for b in range(rows):
+    r_len, r_anchor = jax.random.split(row_keys[b])
+    draws = np.asarray(jax.random.choice(r_len, 10, (p,), p=probs)) + 1
+    uniforms = np.asarray(jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(r_anchor, i), (S,)))(
+        jnp.arange(p)))
+    n = int(lengths_tok[b]) - 2  # text tokens between [CLS] and [SEP]
+    budget = math.ceil(n * 0.15)
+    text_ws = ws[b, 1:n + 1].copy()
+    text_ws[0] = True
+    expected = _spanbert_reference(text_ws, budget, draws, uniforms[:, 1:n + 1])
+    got = out["mlm_positions"][b][out["mlm_weights"][b] > 0] - 1
+    assert sorted(got.tolist()) == sorted(expected), b
 
 
 def _albert_ngrams(word_tokens, order, n_of, budget):

@@ -104,14 +104,77 @@ def test_registry_combinations_weight_and_sum(spec, weights, expected_outputs):
   out = model.apply({"params": params}, batch, rngs={"sample": jax.random.key(0)})
   assert set(out) == expected_outputs
   total, metrics = objectives.total_loss(weights, out, batch)
-  parts = sum(w * objectives.REGISTRY[name].loss(out, batch)[0] / objectives.REGISTRY[name].count(batch)
-              for name, w in weights.items())
-  np.testing.assert_allclose(float(total), float(parts), rtol=1e-6)
+  parts = {name: _reference_loss(name, out, batch) for name in weights}
+  np.testing.assert_allclose(float(total), sum(w * parts[name] for name, w in weights.items()), rtol=1e-5)
+  for name in weights:  # each objective's own mean loss, as its metric reports it
+    m = metrics[f"{name}_loss"]
+    np.testing.assert_allclose(float(m.total) / float(m.count), parts[name], rtol=1e-5)
   for name in weights:
     assert f"{name}_loss" in metrics and f"{name}_accuracy" in metrics or name == "rtd"
   if "sso" in weights:
     assert out["sentence_logits"].shape == (B, 3)
 
+
+def _xent(logits, labels, weights):
+  """Weighted mean cross-entropy over the last axis, in NumPy (float64)."""
+  logits, weights = np.asarray(logits, np.float64), np.asarray(weights, np.float64)
+  top = logits.max(-1, keepdims=True)
+  logz = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
+  picked = np.take_along_axis(logits, np.asarray(labels)[..., None], axis=-1)[..., 0]
+  return float(((logz - picked) * weights).sum() / weights.sum())
+
+
+def _reference_loss(name, out, batch):
+  """Each objective's mean loss written from its paper's definition over the model's outputs, not through
+  bertjax.objectives: which logits, which labels, which slots count."""
+  b = jax.tree.map(np.asarray, batch)
+  if name == "mlm":
+    return _xent(out["mlm_logits"], b["mlm_labels"], b["mlm_weights"])
+  if name == "sbo":  # SpanBERT: slots whose span has text boundaries, within the first 20 tokens of the span
+    offset = b["mlm_positions"] - b["span_left"] - 1
+    return _xent(out["sbo_logits"], b["mlm_labels"], b["span_weights"] * (offset < 20))
+  if name == "wso":  # StructBERT: the original token at every shuffled position
+    return _xent(out["wso_logits"], b["wso_labels"], b["wso_weights"])
+  if name in ("nsp", "sop", "sso"):
+    return _xent(out["sentence_logits"], b["sentence_label"], b["example_weight"])
+  if name == "rtd":  # ELECTRA: sigmoid BCE over every real token
+    x, y = np.asarray(out["rtd_logits"], np.float64), np.asarray(out["rtd_labels"], np.float64)
+    w = (b["groups"] > 0) * b["example_weight"][:, None]
+    bce = np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x)))
+    return float((bce * w).sum() / w.sum())
+  raise KeyError(name)
+
+
+def test_sbo_logits_depend_on_the_span_boundaries_and_nothing_else():
+  """SpanBERT's SBO logits come from the encoder outputs at the two tokens just outside a span (and the
+  target's position in it): through the whole model, changing a boundary's final hidden state changes the
+  span's logits; changing any other token's, inside the span or outside it, leaves them exactly as they were."""
+  from flax import linen as nn
+
+  config = micro("configs/spanbert.py:tiny", seq_len=16, **{"model.num_layers": 1, "model.vocab_size": 50})
+  model, params, _ = _setup(config)
+  ids = np.random.default_rng(0).integers(5, 50, (1, 16)).astype(np.int32)
+  ids[0, 0], ids[0, 15] = 2, 3
+  batch = dict(input_ids=jnp.asarray(ids), type_ids=jnp.zeros((1, 16), jnp.int32), groups=jnp.ones((1, 16), jnp.int32),
+               mlm_positions=jnp.asarray([[3, 4, 5, 10]]), mlm_weights=jnp.ones((1, 4)),
+               span_left=jnp.asarray([[2, 2, 2, 9]]), span_right=jnp.asarray([[6, 6, 6, 11]]))  # spans 3-5, 10
+
+  def sbo_logits(pos):
+    def bump(next_fun, args, kwargs, context):  # +1 on the final hidden state at `pos`
+      out = next_fun(*args, **kwargs)
+      return out.at[0, pos].add(1.0) if context.method_name == "encode" and pos is not None else out
+
+    with nn.intercept_methods(bump):
+      return np.asarray(model.apply({"params": params}, batch)["sbo_logits"])
+
+  base = sbo_logits(None)
+  assert np.abs(base[0, 0] - base[0, 1]).max() > 1e-4  # same boundaries, another position in the span
+  for pos in (2, 6):  # the boundaries of span 3-5
+    changed = sbo_logits(pos)
+    assert (np.abs(changed[0, :3] - base[0, :3]).max(-1) > 1e-4).all(), pos  # every slot of the span
+    np.testing.assert_array_equal(changed[0, 3], base[0, 3])  # the other span's logits stay
+  for pos in (0, 3, 4, 5, 7, 13):  # inside the span, or neither boundary
+    np.testing.assert_array_equal(sbo_logits(pos)[0, :3], base[0, :3])
 
 # The top-level parameter groups of a model with every head the BERT variants add, and the groups each
 # objective's gradient may reach (besides the encoder and the embeddings, which all of them train).

@@ -47,3 +47,31 @@ def test_tiny_models_train_and_log(spec, eval_keys, tmp_path, capsys):
   assert glob.glob(os.path.join(workdir, "events.out.tfevents.*")), "no TensorBoard event file"
   out = capsys.readouterr().out
   assert "ETA" in out and "step 30/30" in out
+
+
+@pytest.mark.parametrize("spec,falling,chance", [
+    ("configs/spanbert.py:tiny", ("mlm", "sbo"), ()),
+    # SSO is a 3-way sentence classifier: 30 steps leave it at chance (ln 3), which is checked as such.
+    ("configs/structbert.py:tiny", ("mlm", "wso"), ("sso",)),
+])
+def test_spanbert_and_structbert_train_and_their_losses_fall(spec, falling, chance, tmp_path):
+  """Each objective of SpanBERT (MLM + SBO on span-masked single segments) and StructBERT (MLM + WSO + SSO)
+  end to end on the demo corpus: every token-level loss falls, in training and against the initial level
+  ln(vocab) on held-out data, and the total with them."""
+  import math
+
+  config = micro(spec)
+  workdir = str(tmp_path / "run")
+  loop.train_and_evaluate(config, workdir)
+  records = _records(workdir)
+  train = [r for r in records if "train/loss" in r]
+  evals = [r for r in records if "eval/loss" in r]
+  assert [r["step"] for r in train] == [10, 20, 30] and evals[-1]["step"] == 30
+  assert train[-1]["train/loss"] < train[0]["train/loss"] - 0.6, "total loss did not fall"
+  start = math.log(config.model.vocab_size)  # a fresh model's token loss
+  for name in falling:
+    first, last = train[0][f"train/{name}_loss"], train[-1][f"train/{name}_loss"]
+    assert last < first - 0.3, (name, first, last)
+    assert evals[-1][f"eval/{name}_loss"] < start - 0.5, (name, evals[-1][f"eval/{name}_loss"], start)
+  for name in chance:
+    assert abs(evals[-1][f"eval/{name}_loss"] - math.log(3)) < 0.15, (name, evals[-1])

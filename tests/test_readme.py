@@ -1,0 +1,153 @@
+"""Every `python -m bertjax.*` command README.md shows runs, with CPU-sized overrides where it is full-size."""
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO
+
+README = os.path.join(REPO, "README.md")
+
+# Shortens a tiny pretraining run to a few steps (eval and checkpoint at the end, so later commands find them).
+SHORT_RUN = ("--config.total_steps=20", "--config.log_every=10", "--config.eval_every=20",
+             "--config.checkpoint_every=20")
+
+# What each README command runs with here, keyed by (module, subcommand, --config): (replacements made in the
+# command, flags appended). A README command missing from this table fails the test: add it with overrides
+# that keep it CPU-sized. Absl takes the last occurrence of a flag, so appended flags win.
+OVERRIDES = {
+    ("bertjax.train", None, "configs/bert.py:tiny"): ({}, SHORT_RUN),
+    ("bertjax.train", None, "configs/roberta.py:tiny"): ({}, SHORT_RUN),
+    ("bertjax.train", None, "configs/albert.py:tiny"): ({}, SHORT_RUN),
+    ("bertjax.train", None, "configs/electra.py:tiny"): ({}, SHORT_RUN),
+    ("bertjax.train", None, "configs/spanbert.py:tiny"): ({}, SHORT_RUN),
+    ("bertjax.train", None, "configs/structbert.py:tiny"): ({}, SHORT_RUN),
+    ("bertjax.finetune", None, "configs/finetune.py:tiny"): ({}, ("--config.total_steps=10",)),
+    ("bertjax.finetune", None, "configs/finetune.py:sst2"): ({}, ("--config.total_steps=10", "--config.seeds=1")),
+    ("bertjax.distill", None, "configs/distill.py:tiny"): ({}, SHORT_RUN),
+    ("bertjax.summary", None, "configs/bert.py:base"): ({}, ()),
+    ("bertjax.data.prepare", None, "configs/bert.py:tiny"): ({}, ("--workers=1",)),
+    ("bertjax.hf", "fill_mask", None): ({}, ()),
+    ("bertjax.hf", "export", None): ({}, ()),
+    ("bertjax.hf", "import", None): ({}, ()),
+    ("bertjax.compress.prune", "importance", None): ({}, ()),
+    ("bertjax.compress.prune", "prune", None): ({}, ()),
+    ("bertjax.compress.analysis", None, None): ({}, ("--max_texts=20",)),
+    # BERT-large for a v4-32 slice compiles for minutes: the same command for tiny BERT on a v4-8.
+    ("bertjax.aot", None, "configs/bert.py:large"): (
+        {"configs/bert.py:large": "configs/bert.py:tiny", "v4-32": "v4-8", "--config.batch_size=256": "--config.batch_size=32",
+         "--config.seq_len=512": "--config.seq_len=128"}, ()),
+    ("bertjax.train.bench", None, "configs/bert.py:base"): (
+        {"configs/bert.py:base": "configs/bert.py:tiny"}, ("--steps=2", "--warmup=1")),
+}
+# Commands cheap enough for the normal tier (no training, no TPU compile).
+CHEAP = {("bertjax.summary", None, "configs/bert.py:base")}
+
+
+def _fenced_blocks(text):
+  return re.findall(r"```bash\n(.*?)```", text, re.S)
+
+
+def readme_commands(text):
+  """Every `python -m bertjax.*` command in README.md, in order of appearance, once each: from ```bash blocks
+  (continuation lines joined, trailing `# comments` dropped) and from inline code spans (tables)."""
+  found = []
+  for block in _fenced_blocks(text):
+    for line in block.replace("\\\n", " ").splitlines():
+      line = re.sub(r"\s+#\s.*$", "", line).strip()
+      if line.startswith("python -m bertjax."):
+        found.append(" ".join(line.split()))
+  found += [" ".join(c.split()) for c in re.findall(r"`(python -m bertjax\.[^`]+)`", text)]
+  return list(dict.fromkeys(found))
+
+
+def setup_scripts(text):
+  """The README's inline Python scripts (`python - <<'EOF' ... EOF`) that make a command's input data."""
+  return re.findall(r"^(python - <<'EOF'\n.*?\nEOF)$", text, re.S | re.M)
+
+
+def command_key(command):
+  """(module, subcommand or None, --config value or None): what the overrides table is keyed by."""
+  args = shlex.split(command)
+  module, rest = args[2], args[3:]
+  sub = rest[0] if rest and not rest[0].startswith("-") else None
+  config = next((a.split("=", 1)[1] for a in rest if a.startswith("--config=")), None)
+  return module, sub, config
+
+
+def cpu_sized(command, tmp):
+  """The command as the test runs it: overrides applied, /tmp/ paths moved under `tmp`."""
+  replace, extra = OVERRIDES[command_key(command)]
+  for old, new in replace.items():
+    command = command.replace(old, new)
+  args = shlex.split(command.replace("/tmp/", f"{tmp}/"))
+  return [sys.executable, *args[1:], *extra]
+
+
+def _run(args, timeout=900):
+  """Runs from the repository root, as README's relative `configs/` paths expect."""
+  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+TEXT = open(README).read()
+COMMANDS = readme_commands(TEXT)
+
+
+def test_readme_commands_are_found_and_each_has_cpu_overrides():
+  assert len(COMMANDS) >= 15, COMMANDS  # the extractor sees the blocks and the tables
+  assert "python -m bertjax.train --config=configs/bert.py:tiny --workdir=/tmp/bert-tiny" in COMMANDS
+  unknown = [c for c in COMMANDS if command_key(c) not in OVERRIDES]
+  assert not unknown, f"README commands without an entry in OVERRIDES (add CPU-sized overrides): {unknown}"
+  stale = set(OVERRIDES) - {command_key(c) for c in COMMANDS}
+  assert not stale, f"OVERRIDES entries for commands README no longer shows: {stale}"
+  assert len(setup_scripts(TEXT)) == 1  # the toy task the fine-tuning commands read
+
+
+def test_ci_runs_the_readme_install_and_test_commands_then_the_slow_tier():
+  section = TEXT.split("## Install and test", 1)[1]
+  commands = [l.strip() for l in _fenced_blocks(section)[0].splitlines() if l.strip()]
+  assert commands == ['pip install -e ".[test]"', "pytest"], commands
+  ci = [l.strip() for l in open(os.path.join(REPO, ".ci", "run")) if l.strip() and not l.lstrip().startswith("#")]
+  assert "set -euo pipefail" in ci
+  at = [ci.index(c) for c in commands]
+  assert at == sorted(at) and any(l.startswith("pytest -m slow") for l in ci[at[-1] + 1:]), ci
+
+
+def _exists(module):
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:  # a parent that is a module, not a package
+    return False
+
+
+def test_readme_command_modules_exist():
+  missing = sorted({command_key(c)[0] for c in COMMANDS if not _exists(command_key(c)[0])})
+  assert not missing, f"README names modules that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if command_key(c) in CHEAP])
+def test_cheap_readme_commands_run(command, tmp_path):
+  proc = _run(cpu_sized(command, tmp_path))
+  assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs_in_order(tmp_path):
+  """The README's commands in its own order (later ones read what earlier ones wrote), CPU-sized."""
+  for script in setup_scripts(TEXT):
+    subprocess.run(["bash", "-c", script.replace("/tmp/", f"{tmp_path}/")], cwd=tmp_path, check=True)
+  failures = []
+  for command in COMMANDS:
+    start = time.time()
+    proc = _run(cpu_sized(command, tmp_path))
+    print(f"{time.time() - start:6.1f} s  rc {proc.returncode}  {command}")
+    if proc.returncode != 0:
+      failures.append(f"{command}\n  exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+  assert not failures, "README commands that failed:\n" + "\n".join(failures)
