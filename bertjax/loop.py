@@ -52,8 +52,16 @@ def manifest(config, tokenizer, mesh, model: Pretrainer) -> dict:
               mesh=dict(mesh.shape), networks=networks)
 
 
+# Nested keys that may change too: how hard to check the data, and the watchdog's patience.
+RESUMABLE_NESTED = (("data", "verify"), ("runtime", "step_timeout_s"))
+
+
 def _comparable(config_dict: dict) -> dict:
-  return {k: v for k, v in config_dict.items() if k not in RESUMABLE_KEYS}
+  out = {k: v for k, v in config_dict.items() if k not in RESUMABLE_KEYS}
+  for section, key in RESUMABLE_NESTED:
+    if isinstance(out.get(section), dict):
+      out[section] = {k: v for k, v in out[section].items() if k != key}
+  return out
 
 
 def check_workdir(config, workdir: str) -> bool:
