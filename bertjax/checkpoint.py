@@ -1,11 +1,16 @@
-"""Orbax checkpoints of the train state (params, optimizer state, step) plus a reproducibility manifest.
+"""Orbax checkpoints of the train state (params, optimizer state, step) plus a reproducibility manifest, and
+the lock that makes one run the only writer of a workdir.
 
 A thin layer over `ocp.CheckpointManager`, which already gives async saves, keep-last-N and atomic
 finalization (a save killed midway leaves a temporary directory that is never listed as a step). The data
 position is not saved: batches are a pure function of (seed, step), so the step is the position.
 """
 
+import errno
+import fcntl
 import os
+import socket
+import sys
 
 import jax
 import orbax.checkpoint as ocp
@@ -60,3 +65,65 @@ def restore_params(path: str, abstract_params):
           item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
       return restored["state"]["params"]
   raise UserError(f"no checkpoint under {path!r}; point --config.init_from at a workdir or its checkpoints/")
+
+
+LOCK = "run.lock"
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # someone else's process: alive
+    pass
+  return True
+
+
+class WorkdirLock:
+  """One writer per workdir: `workdir/run.lock`, flock'ed for as long as the run lives and holding its pid.
+
+  The kernel drops an flock when its process ends however it ends (SIGKILL included), so a lock whose pid is
+  gone is free to take; its pid is left in the file (never deleted: deleting races with a starting run) and
+  taken over with a note. On a file system without flock the pid alone decides (a live pid holds the lock).
+  A context manager; UserError naming the other pid when the workdir is in use."""
+
+  def __init__(self, workdir: str, note=lambda line: print(line, file=sys.stderr, flush=True)):
+    self.path = os.path.join(workdir, LOCK)
+    self.note = note
+    self._fd = None
+
+  def __enter__(self):
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    previous = os.read(fd, 256).decode("utf-8", "replace").split()
+    pid = int(previous[0]) if previous and previous[0].isdigit() else None
+    host = previous[1] if len(previous) > 1 else ""
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      held = False
+    except OSError as e:
+      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        held = True
+      else:  # no flock here (some network file systems): a live pid on this host holds the lock
+        held = pid is not None and host == socket.gethostname() and _alive(pid) and pid != os.getpid()
+    if held:
+      os.close(fd)
+      where = f" on {host}" if host and host != socket.gethostname() else ""
+      raise UserError(f"workdir {os.path.dirname(self.path)!r} is in use by another run (pid {pid}{where}; "
+                      f"{self.path}); wait for it to end, stop it, or use another --workdir")
+    if pid is not None and pid != os.getpid():
+      self.note(f"note: took over {self.path} from pid {pid}{' on ' + host if host else ''}, which ended without "
+                "releasing it (killed or crashed)")
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+    os.fsync(fd)
+    self._fd = fd
+    return self
+
+  def __exit__(self, *exc):
+    if self._fd is not None:
+      os.ftruncate(self._fd, 0)  # a clean end: nothing to take over
+      fcntl.flock(self._fd, fcntl.LOCK_UN)
+      os.close(self._fd)
+      self._fd = None

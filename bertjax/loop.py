@@ -4,6 +4,7 @@ Setup -> mesh -> data -> model and state (resumed, initialized from weights, or 
 train, log, eval, checkpoint. Only process 0 writes logs; every process runs the same JAX code.
 """
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -158,7 +159,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, overridd
   a clean process."""
   old_handler = signal.getsignal(signal.SIGTERM)
   try:
-    return _train_and_evaluate(init_from.resolve(config, overridden), workdir)
+    with contextlib.ExitStack() as held:  # the workdir's lock, released however the run ends
+      return _train_and_evaluate(init_from.resolve(config, overridden), workdir, held)
   finally:
     try:
       signal.signal(signal.SIGTERM, old_handler)
@@ -166,12 +168,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, overridd
       pass
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: contextlib.ExitStack):
   # ---------------------------------------------------------------- Setup
   config_lib.validate(config)
   replace = check_workdir(config, workdir)
   plan = config_lib.phases(config)
   n_proc, proc = jax.process_count(), jax.process_index()
+  if proc == 0 and "://" not in workdir:  # one writer per workdir: a second run stops here, naming the first
+    held.enter_context(checkpoint.WorkdirLock(workdir))
   mesh = sharding.make_mesh(config.sharding, overrides=dict(config.mesh))
   n_dev = jax.device_count()
   attention = build.attention_notice(config, mesh)  # a kernel this platform cannot run fails now

@@ -159,3 +159,44 @@ def test_cache_entries_of_another_row_builder_version_are_reported_with_their_si
   assert "data: preparing" in err and "1 cache directories" in err and f"{old} (" in err and " MB)" in err
   with pytest.raises(UserError, match="row-builder version"):  # an old entry put where a new one belongs
     pipeline._open_shards(config, old, cached=True)
+
+
+# ------------------------------------------------------------------ one writer per workdir
+
+
+def _holder(workdir):
+  """A process that holds workdir's lock (as a run does) until killed; returns (Popen, its pid)."""
+  code = ("import sys, time; from bertjax.checkpoint import WorkdirLock; l = WorkdirLock(sys.argv[1]).__enter__(); "
+          "print('held', flush=True); time.sleep(600)")
+  proc = subprocess.Popen([sys.executable, "-c", code, str(workdir)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                          env=dict(os.environ, PYTHONPATH=REPO))
+  assert proc.stdout.readline().strip() == "held"
+  return proc
+
+
+def test_a_second_run_on_a_workdir_in_use_exits_2_naming_the_pid(corpus, tmp_path):
+  from bertjax.checkpoint import WorkdirLock
+
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  holder = _holder(workdir)
+  try:
+    with pytest.raises(UserError, match=rf"is in use by another run \(pid {holder.pid};"):
+      WorkdirLock(str(workdir)).__enter__()
+    r = _cli(workdir, corpus, f"--config.data.tokenizer=wordpiece:{corpus['vocab']}",
+             f"--config.data.source={corpus['source']}")
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = _errors(r.stderr)
+    assert len(errors) == 1 and errors[0].startswith(f"error: workdir {str(workdir)!r} is in use by another run "
+                                                     f"(pid {holder.pid};"), errors
+    assert not (workdir / "config.json").exists()  # the other run's workdir is left as it was
+  finally:
+    holder.kill()
+    holder.wait()
+  notes = []
+  with WorkdirLock(str(workdir), note=notes.append):  # its holder was SIGKILLed: a stale lock
+    assert open(workdir / "run.lock").read().split()[0] == str(os.getpid())
+  assert len(notes) == 1 and f"from pid {holder.pid}" in notes[0] and "ended without releasing it" in notes[0]
+  with WorkdirLock(str(workdir), note=notes.append):  # released cleanly: no note
+    pass
+  assert len(notes) == 1
