@@ -121,6 +121,12 @@ def defaults() -> ml_collections.ConfigDict:
   c.max_nonfinite_steps = 10  # stop (saving the last good state) after this many skipped steps in a row
   c.startup_timeout = 300.0  # seconds joining a multi-process job, and then the start-up all-reduce, may take
   c.heartbeat_timeout = 100.0  # multi-process: seconds a silent process may go before the others stop (jax's default)
+  c.runtime = dict(
+      # Multi-process: seconds a collective may wait for its peers before this process stops with one line and
+      # exit 75 (restartable), naming the step and the peer that did not come (bertjax.runtime: XLA:CPU's own
+      # collective timeout). A restarted run scales it down to 50x the step time it measured, 300 s at least.
+      step_timeout_s=1200.0,
+  )
   return c
 
 

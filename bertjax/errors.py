@@ -9,8 +9,17 @@ class UserError(Exception):
   """A problem the user can fix (bad config, missing corpus, ...): message names the problem and the fix."""
 
 
+class RestartableError(Exception):
+  """A failure that starting the same job again resumes from (a peer that stopped answering): the CLI prints
+  `error: ...` in one line and exits with RESTARTABLE_EXIT, the supervisor's and launchers' retry code."""
+
+
+RESTARTABLE_EXIT = 75  # EX_TEMPFAIL; bertjax.supervisor.LOST_PEER_EXIT is the same code
+
+
 def cli(main):
-  """Wraps a CLI `main(argv)` so that a UserError prints `error: ...` on stderr and exits with code 2."""
+  """Wraps a CLI `main(argv)` so that a UserError prints `error: ...` on stderr and exits with code 2 (a
+  RestartableError: exit 75)."""
 
   @functools.wraps(main)
   def wrapped(argv):
@@ -22,6 +31,13 @@ def cli(main):
     except UserError as e:
       print(f"error: {e}", file=sys.stderr, flush=True)
       sys.exit(2)
+    except RestartableError as e:
+      import os
+
+      print(f"error: {e}", file=sys.stderr, flush=True)
+      sys.stdout.flush()
+      # Not sys.exit: jax.distributed's exit hook waits at a barrier for every process, the lost one too.
+      os._exit(RESTARTABLE_EXIT)
 
   return wrapped
 
@@ -128,7 +144,8 @@ def run_config_workdir(example: str, workdir_help: str, entry: str):
     from bertjax import runtime
 
     c = config.value  # platform, allocator, JAX flags, jax.distributed.initialize() on multi-host jobs:
-    runtime.setup(c.get("startup_timeout", 300.0), c.get("heartbeat_timeout", 100.0))
+    runtime.setup(c.get("startup_timeout", 300.0), c.get("heartbeat_timeout", 100.0),
+                  runtime.step_timeout(c, workdir.value))
     where = workdir.value or default_workdir(flags.FLAGS["config"].config_filename)
     module, _, function = entry.partition(":")
     try:

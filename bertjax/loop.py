@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from bertjax import build, checkpoint, config as config_lib, flops, runtime, sharding
+from bertjax import build, checkpoint, config as config_lib, flops, runtime, sharding, supervisor
 from bertjax.data import instances, pipeline
-from bertjax.errors import UserError
+from bertjax.errors import RestartableError, UserError
 from bertjax.interop import init_from
 from bertjax.metrics import MetricWriter, finalize, sum_metrics
 from bertjax.model.pretrain import Pretrainer
@@ -250,56 +250,70 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
   preemption = _Preemption()
   t_start = time.time()
   bad_in_a_row, prev_skipped = 0, None
-  for phase in plan[current.index:]:
-    pc = phase.config
-    if phase is not current:  # new shapes: the steps are rebuilt (and recompiled) for them
-      steps, current = build.make_steps(pc, mesh, tok.special), phase
-    data = datasets[pc.seq_len]
-    tokens_per_step = pc.batch_size * pc.seq_len
-    flops_per_token = flops.model_train_flops_per_token(
-        steps.model, pc.seq_len, steps.cfg.masking.max_predictions, steps.cfg.masking.max_shuffled)
-    writer.info(f"{describe_phase(phase, len(plan))}; {flops_per_token / 1e6:.1f} MFLOPs/token (train)")
-    pending, t_log, step_log = [], time.time(), max(start, phase.start)
-    for step in range(max(start, phase.start), phase.end):
-      host = pipeline.batch_at(data.train, step - phase.start, pc.batch_size, config.seed, proc, n_proc)
-      state, metrics = steps.train(state, global_batch(host, steps.batch_sharding))
-      pending.append(metrics)  # stays on device until the next log (fetching every step halves speed)
-      done = step + 1
-      # Non-finite guard: read the previous step's flag (already computed, so no pipeline stall).
-      if prev_skipped is not None:
-        bad_in_a_row = bad_in_a_row + 1 if float(prev_skipped) > 0 else 0
-      prev_skipped = metrics["skipped"].value
-      if bad_in_a_row >= config.max_nonfinite_steps:
-        save(done)
-        ckpt.close()
-        raise UserError(f"stopped at step {done}: {bad_in_a_row} steps in a row had a non-finite loss or gradient "
-                        f"norm (updates skipped; the last good state is saved in {ckpt.directory}); lower the "
-                        "learning rate, check the data, or use float32")
-      last = done == phase.end  # a phase ends with a log, an eval and a checkpoint (resume at the boundary)
-      if done % config.log_every == 0 or last:
-        summed = functools.reduce(sum_metrics, pending)
-        values = {f"train/{k}": v for k, v in finalize(jax.device_get(summed)).items()}  # skipped: a Sum
-        dt = time.time() - t_log
-        values["lr"] = float(steps.schedule(done - 1))
-        values["tokens_per_sec"] = (done - step_log) * tokens_per_step / dt
-        if peak:
-          values["mfu"] = values["tokens_per_sec"] * flops_per_token / peak
-        values["phase"], values["seq_len"] = phase.index + 1, pc.seq_len
-        writer.write(done, values)
-        writer.progress(done, config.total_steps, values, time.time() - t_start, done - start)
-        pending, t_log, step_log = [], time.time(), done
-      if done % config.eval_every == 0 or last:
-        evaluate(done, phase, data)
-      if done % config.checkpoint_every == 0 or last:
-        save(done)
-      # SIGTERM here, or another host's (jax's multi-host preemption sync point, via orbax): save and stop.
-      if preemption.requested or ckpt.manager.reached_preemption(done):
-        if done % config.checkpoint_every and not last:
+  beacon = runtime.ProgressBeacon()  # multi-process: which peer a timed-out collective waited for
+  step = start
+  try:
+    for phase in plan[current.index:]:
+      pc = phase.config
+      if phase is not current:  # new shapes: the steps are rebuilt (and recompiled) for them
+        steps, current = build.make_steps(pc, mesh, tok.special), phase
+      data = datasets[pc.seq_len]
+      tokens_per_step = pc.batch_size * pc.seq_len
+      flops_per_token = flops.model_train_flops_per_token(
+          steps.model, pc.seq_len, steps.cfg.masking.max_predictions, steps.cfg.masking.max_shuffled)
+      writer.info(f"{describe_phase(phase, len(plan))}; {flops_per_token / 1e6:.1f} MFLOPs/token (train)")
+      pending, t_log, step_log = [], time.time(), max(start, phase.start)
+      for step in range(max(start, phase.start), phase.end):
+        beacon.step = step
+        host = pipeline.batch_at(data.train, step - phase.start, pc.batch_size, config.seed, proc, n_proc)
+        state, metrics = steps.train(state, global_batch(host, steps.batch_sharding))
+        pending.append(metrics)  # stays on device until the next log (fetching every step halves speed)
+        done = step + 1
+        # Non-finite guard: read the previous step's flag (already computed, so no pipeline stall).
+        if prev_skipped is not None:
+          bad_in_a_row = bad_in_a_row + 1 if float(prev_skipped) > 0 else 0
+        prev_skipped = metrics["skipped"].value
+        if bad_in_a_row >= config.max_nonfinite_steps:
           save(done)
-        ckpt.close()
-        writer.info(f"preempted: saved step {done} in {ckpt.directory}; run the same command to resume")
-        writer.close()
-        return state
+          ckpt.close()
+          raise UserError(f"stopped at step {done}: {bad_in_a_row} steps in a row had a non-finite loss or gradient "
+                          f"norm (updates skipped; the last good state is saved in {ckpt.directory}); lower the "
+                          "learning rate, check the data, or use float32")
+        last = done == phase.end  # a phase ends with a log, an eval and a checkpoint (resume at the boundary)
+        if done % config.log_every == 0 or last:
+          summed = functools.reduce(sum_metrics, pending)
+          values = {f"train/{k}": v for k, v in finalize(jax.device_get(summed)).items()}  # skipped: a Sum
+          dt = time.time() - t_log
+          values["lr"] = float(steps.schedule(done - 1))
+          values["tokens_per_sec"] = (done - step_log) * tokens_per_step / dt
+          if peak:
+            values["mfu"] = values["tokens_per_sec"] * flops_per_token / peak
+          values["phase"], values["seq_len"] = phase.index + 1, pc.seq_len
+          writer.write(done, values)
+          writer.progress(done, config.total_steps, values, time.time() - t_start, done - start)
+          pending, t_log, step_log = [], time.time(), done
+        if done % config.eval_every == 0 or last:
+          evaluate(done, phase, data)
+        if done % config.checkpoint_every == 0 or last:
+          save(done)
+        # SIGTERM here, or another host's (jax's multi-host preemption sync point, via orbax): save and stop.
+        if preemption.requested or ckpt.manager.reached_preemption(done):
+          if done % config.checkpoint_every and not last:
+            save(done)
+          ckpt.close()
+          writer.info(f"preempted: saved step {done} in {ckpt.directory}; run the same command to resume")
+          writer.close()
+          return state
+  except Exception as e:
+    if n_proc > 1 and runtime.is_collective_timeout(e):  # XLA:CPU's collective timeout (bertjax.runtime)
+      raise RestartableError(
+          f"at step {step + 1}: a collective waited more than {runtime.configured_timeout():.0f}s "
+          f"(--config.runtime.step_timeout_s) for {beacon.suspects()} of {n_proc}, which stopped or hangs, so "
+          f"process {proc} stopped;{supervisor.last_checkpoint([f'--workdir={workdir}'])} start the job again (the same "
+          "command on every process) to resume") from None
+    raise
+  finally:
+    beacon.close()
   ckpt.close()
   writer.close()
   return state
