@@ -96,8 +96,21 @@ def test_a_stopped_peer_ends_the_other_with_one_line_and_exit_75_and_a_rerun_res
 
 @pytest.mark.slow
 def test_a_lost_peer_among_three_processes_gives_the_two_process_line_and_exit_code(tmp_path):
-  workdir, rc, seconds, out = _stop_one(tmp_path, "three", 2, 3, signal.SIGKILL, "--config.heartbeat_timeout=10")
+  workdir, rc, seconds, out = _stop_one(tmp_path, "three", 2, 3, signal.SIGKILL, "--config.heartbeat_timeout=10",
+                                         "--config.batch_size=24")  # 3 processes x 2 devices
   assert rc == 75, out[-4000:]
   errors = error_lines(out)
   assert errors and all(e.startswith("error: lost process 2 of 3") for e in errors), out[-4000:]
   assert "Traceback" not in out and "Check failure" not in out and "Fatal Python error" not in out, out[-4000:]
+
+
+def test_a_fatal_report_that_names_no_process_still_gives_the_one_line_with_three_processes():
+  from bertjax import supervisor
+
+  bare = ("F1123 07:39:55.791128   21492 client.h:80] Terminating process because the JAX distributed service "
+          "detected fatal errors. ... INTERNAL: barrier failed")
+  assert supervisor.lost_process(bare, 1, 2) == "process 0"
+  assert supervisor.lost_process(bare, 1, 3) == "a process (jax.distributed's report names none)"
+  unhealthy = ("E1123 07:37:16.083539   15850 coordination_service.cc:1549] ... UNAVAILABLE: The following tasks are "
+               "unhealthy (stopped sending heartbeats):\n2\nThe tasks have crashed.\n")
+  assert supervisor.lost_process(unhealthy, 1, 3) == "process 2"  # the coordinator's news, relayed to process 1
