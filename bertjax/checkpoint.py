@@ -23,6 +23,7 @@ class Checkpointer:
 
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
     self.directory = os.path.join(os.path.abspath(workdir) if "://" not in workdir else workdir, "checkpoints")
+    quiet_disk_full_noise()
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "manifest"))
 
@@ -52,6 +53,72 @@ class Checkpointer:
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+# How a full disk reads, from Python (errno) and from orbax / tensorstore writers (their message text).
+_DISK_FULL_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                     errno.EFBIG: "file too large"}
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "File too large", "OS error 28",
+                   "OS error 122", "OS error 27")
+
+
+def is_disk_full(error: BaseException) -> str:
+  """What says `error` (or an error it was raised from) is a full disk, in words; "" if it is not one."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno in _DISK_FULL_ERRNOS:
+      return _DISK_FULL_ERRNOS[error.errno]
+    text = str(error)
+    for marker in _DISK_FULL_TEXT:
+      if marker in text:
+        return marker[0].lower() + marker[1:]
+    error = error.__cause__ or error.__context__
+  return ""
+
+
+class _DiskFullNoise:
+  """Keeps a full disk's echoes off stderr, so that the run's own one-line error says it: orbax logs each of
+  its failed background writes with a traceback, asyncio reports their futures' unread exceptions, and
+  tensorstore's callbacks raise "Event loop is closed" into the closed event loops of those writes. Other
+  errors pass untouched."""
+
+  def __init__(self):
+    self.seen = False
+
+  def filter(self, record) -> bool:  # logging.Filter protocol, on absl's logger (orbax logs through absl)
+    text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else "")
+    if any(marker in text for marker in _DISK_FULL_TEXT):
+      self.seen = True
+      return False
+    return True
+
+  def wrap(self, hook, exc_of):
+    def quiet(*args):
+      if not (self.seen and "Event loop is closed" in str(exc_of(*args))):
+        hook(*args)
+    return quiet
+
+  def install(self):
+    """Installs the filter and the hooks for the rest of the process (a run ends its process, or is a test's)."""
+    import logging
+    import threading
+
+    for name in ("absl", "asyncio"):  # orbax logs through absl; asyncio reports the writes' unread failures
+      logging.getLogger(name).addFilter(self)
+    sys.excepthook = self.wrap(sys.excepthook, lambda t, value, tb: value)
+    threading.excepthook = self.wrap(threading.excepthook, lambda args: args.exc_value)
+    sys.unraisablehook = self.wrap(sys.unraisablehook, lambda args: args.exc_value)
+
+
+_NOISE = []
+
+
+def quiet_disk_full_noise():
+  """Installs _DiskFullNoise once per process."""
+  if not _NOISE:
+    _NOISE.append(_DiskFullNoise())
+    _NOISE[0].install()
 
 
 def restore_params(path: str, abstract_params):

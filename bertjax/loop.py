@@ -304,7 +304,14 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
           writer.info(f"preempted: saved step {done} in {ckpt.directory}; run the same command to resume")
           writer.close()
           return state
+    ckpt.close()  # the last async save lands (or fails) here, inside the handler below
   except Exception as e:
+    if checkpoint.is_disk_full(e):
+      latest = supervisor.last_checkpoint([f"--workdir={workdir}"])
+      raise UserError(f"the disk is full: a checkpoint write in {ckpt.directory} failed ({checkpoint.is_disk_full(e)}, "
+                      f"noticed at step {step + 1});"
+                      f"{latest} free space (or lower --config.keep_checkpoints) and run the same command to "
+                      "resume") from None
     if n_proc > 1 and runtime.is_collective_timeout(e):  # XLA:CPU's collective timeout (bertjax.runtime)
       raise RestartableError(
           f"at step {step + 1}: a collective waited more than {runtime.configured_timeout():.0f}s "
@@ -314,6 +321,5 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
     raise
   finally:
     beacon.close()
-  ckpt.close()
   writer.close()
   return state

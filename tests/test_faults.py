@@ -114,3 +114,58 @@ def test_a_fatal_report_that_names_no_process_still_gives_the_one_line_with_thre
   unhealthy = ("E1123 07:37:16.083539   15850 coordination_service.cc:1549] ... UNAVAILABLE: The following tasks are "
                "unhealthy (stopped sending heartbeats):\n2\nThe tasks have crashed.\n")
   assert supervisor.lost_process(unhealthy, 1, 3) == "process 2"  # the coordinator's news, relayed to process 1
+
+
+# ------------------------------------------------------------------ a full disk while saving
+
+SAVE_FLAGS = ("--config.total_steps=8", "--config.log_every=1", "--config.eval_every=1000", "--config.checkpoint_every=2")
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_saving_stops_with_one_line_keeps_the_last_checkpoint_and_resumes_on_the_same_losses(tmp_path):
+  import resource
+
+  from conftest import train_cli
+
+  full = tmp_path / "full"
+  r = train_cli(full, *SAVE_FLAGS)
+  assert r.returncode == 0, r.stderr[-2000:]
+  workdir = tmp_path / "disk-full"
+  proc = train_cli(workdir, *SAVE_FLAGS, wait=False)
+  try:
+    wait_for(lambda: os.path.isdir(workdir / "checkpoints" / "2") and max(logged_steps(workdir), default=0) >= 3,
+             proc, 600, "step-2 checkpoint and step-3 log")
+    # From now on no file of the run may grow past 64 KiB: the next checkpoint's data files cannot be written
+    # (EFBIG; Python ignores SIGXFSZ), as on a full disk.
+    resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (64 << 10, resource.RLIM_INFINITY))
+    _, stderr = proc.communicate(timeout=300)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  open(tmp_path / "disk-full.err", "w").write(stderr)
+  assert proc.returncode == 2, stderr[-3000:]
+  errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and errors[0].startswith("error: the disk is full: a checkpoint write in "), stderr[-3000:]
+  assert "the last complete checkpoint is step" in errors[0] and "Traceback" not in stderr
+  complete = sorted(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit())
+  assert complete and complete[-1] < 8, complete
+  r = train_cli(workdir, *SAVE_FLAGS)  # space again: the same command resumes from the last complete checkpoint
+  assert r.returncode == 0 and f"resumed from {workdir / 'checkpoints'} at step {complete[-1]}" in r.stdout + r.stderr, \
+      r.stderr[-3000:]
+  after = {s: l for s, l in _losses(workdir).items() if s > complete[-1]}
+  assert after and after == pytest.approx({s: _losses(full)[s] for s in after}, rel=1e-6)
+
+
+def test_a_full_disk_is_recognized_in_python_and_tensorstore_errors():
+  import errno
+
+  from bertjax import checkpoint
+
+  assert checkpoint.is_disk_full(OSError(errno.ENOSPC, "x")) == "no space left on device"
+  wrapped = RuntimeError("save failed")
+  wrapped.__cause__ = OSError(errno.EDQUOT, "x")
+  assert checkpoint.is_disk_full(wrapped) == "disk quota exceeded"
+  tensorstore = ValueError('OUT_OF_RANGE: Error writing "params/0" in OCDBT database: Failed to write 1368473 bytes '
+                           "to file 10: File too large [os_error_code='27']")
+  assert checkpoint.is_disk_full(tensorstore) == "file too large"
+  assert checkpoint.is_disk_full(ValueError("shape mismatch")) == ""
