@@ -5,7 +5,7 @@ uninterrupted run of the same command.
   python benchmarks/faults.py --faults=10 --seed=3 --keep=/tmp/faults
 
 What it does, each run a separate `python -m bertjax.train` process as a user or a scheduler starts it:
-1. Prepares the demo corpus once into shards (`python -m bertjax.prepare`) and trains a tiny BERT on
+1. Prepares the demo corpus once into shards (`python -m bertjax.data.prepare`) and trains a tiny BERT on
    `shards:DIR` uninterrupted: the reference final parameters.
 2. Trains the same command in another workdir, and `--faults` times, at a step drawn at random (seeded)
    among those the run has not reached yet, kills it with SIGKILL (a lost VM) or SIGTERM (a preemption:
@@ -153,7 +153,7 @@ def main():
   # ---------------------------------------------------------------- 1. shards, and the uninterrupted run
   shards = os.path.join(root, "shards")
   if not os.path.exists(os.path.join(shards, "metadata.json")):
-    r = subprocess.run([sys.executable, "-m", "bertjax.prepare", *TINY, f"--out={shards}", "--workers=0"], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "bertjax.data.prepare", *TINY, f"--out={shards}", "--workers=0"], cwd=REPO,
                        env=env, capture_output=True, text=True)
     if r.returncode:
       sys.exit(f"prepare failed: {r.stderr[-2000:]}")

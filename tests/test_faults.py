@@ -105,7 +105,7 @@ def test_a_lost_peer_among_three_processes_gives_the_two_process_line_and_exit_c
 
 
 def test_a_fatal_report_that_names_no_process_still_gives_the_one_line_with_three_processes():
-  from bertjax import supervisor
+  from bertjax.core import supervisor
 
   bare = ("F1123 07:39:55.791128   21492 client.h:80] Terminating process because the JAX distributed service "
           "detected fatal errors. ... INTERNAL: barrier failed")
@@ -159,7 +159,7 @@ def test_a_full_disk_while_saving_stops_with_one_line_keeps_the_last_checkpoint_
 def test_a_full_disk_is_recognized_in_python_and_tensorstore_errors():
   import errno
 
-  from bertjax import checkpoint
+  from bertjax.train import checkpoint
 
   assert checkpoint.is_disk_full(OSError(errno.ENOSPC, "x")) == "no space left on device"
   wrapped = RuntimeError("save failed")

@@ -10,7 +10,7 @@ import pytest
 
 from bertjax.data import pipeline, prepare_lib, shards
 from bertjax.data.tokenizer import SPECIAL_TOKENS
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from conftest import MICRO_FLAGS, REPO, micro
 
 WORDS = ("the cat sat on a mat and then it ran home . the dog was big , the bird was small . "
@@ -52,7 +52,7 @@ def _errors(stderr: str) -> list:
 
 @pytest.fixture(scope="module")
 def uncased_shards(corpus, tmp_path_factory):
-  """The corpus prepared with the uncased tokenizer (`python -m bertjax.prepare`'s code, in this process)."""
+  """The corpus prepared with the uncased tokenizer (`python -m bertjax.data.prepare`'s code, in this process)."""
   out = str(tmp_path_factory.mktemp("uncased"))
   prepare_lib.prepare(_config(corpus, f"wordpiece:{corpus['vocab']}"), out, workers=0, progress=None)
   return out
@@ -166,7 +166,7 @@ def test_cache_entries_of_another_row_builder_version_are_reported_with_their_si
 
 def _holder(workdir):
   """A process that holds workdir's lock (as a run does) until killed; returns (Popen, its pid)."""
-  code = ("import sys, time; from bertjax.checkpoint import WorkdirLock; l = WorkdirLock(sys.argv[1]).__enter__(); "
+  code = ("import sys, time; from bertjax.train.checkpoint import WorkdirLock; l = WorkdirLock(sys.argv[1]).__enter__(); "
           "print('held', flush=True); time.sleep(600)")
   proc = subprocess.Popen([sys.executable, "-c", code, str(workdir)], cwd=REPO, stdout=subprocess.PIPE, text=True,
                           env=dict(os.environ, PYTHONPATH=REPO))
@@ -175,7 +175,7 @@ def _holder(workdir):
 
 
 def test_a_second_run_on_a_workdir_in_use_exits_2_naming_the_pid(corpus, tmp_path):
-  from bertjax.checkpoint import WorkdirLock
+  from bertjax.train.checkpoint import WorkdirLock
 
   workdir = tmp_path / "run"
   workdir.mkdir()

@@ -18,14 +18,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax import config as config_lib, inference, optim, quantize
+from bertjax.compress import quantize
+from bertjax.core import config as config_lib
 from bertjax.data import pipeline
 from bertjax.finetune import data as task_data, metrics as task_metrics
+from bertjax.hf import inference
+from bertjax.model import config as model_config
+from bertjax.train import optim
 from bertjax.finetune.model import (HEADS, MODEL_DIR, Classifier, init_params, layer_multipliers, save_model,
                                     scale_by_tree)
-from bertjax.errors import UserError
-from bertjax.interop import configs as hf_configs
-from bertjax.metrics import MetricWriter
+from bertjax.core.errors import UserError
+from bertjax.hf import configs as hf_configs
+from bertjax.train.metrics import MetricWriter
 
 
 EPOCH_MODES = ("bert", "transformers")
@@ -68,7 +72,7 @@ def load_checkpoint(init) -> inference.Loaded:
 
 def encoder_config(config, loaded: inference.Loaded):
   """The checkpoint's main encoder with the fine-tuning dropout and dtype."""
-  enc = config_lib.encoder_config(loaded.config.model)
+  enc = model_config.encoder_config(loaded.config.model)
   m = config.model
   return dataclasses.replace(
       enc, dtype=config_lib.DTYPES[m.dtype],
@@ -112,7 +116,7 @@ def lr_schedule(config, total: int, warmup: int):
 
 
 def make_tx(config, params, cfg, total: int, warmup: int) -> optax.GradientTransformation:
-  """The fine-tuning optimizer: bertjax.optim's (AdamW, schedule, decay mask, clipping) over `total`
+  """The fine-tuning optimizer: bertjax.train.optim's (AdamW, schedule, decay mask, clipping) over `total`
   steps, then ELECTRA's layer-wise rate multipliers when optimizer.layerwise_decay < 1."""
   tx = optim.make(config.optimizer, lr_schedule(config, total, warmup))
   if config.optimizer.layerwise_decay < 1:
@@ -122,7 +126,7 @@ def make_tx(config, params, cfg, total: int, warmup: int) -> optax.GradientTrans
 
 def _loss(params, batch, rng, model, regression: bool, head_gates=None):
   """The batch's mean task loss (padding rows weigh 0); `rng` None for a deterministic model, `head_gates`
-  [layers, heads] for bertjax.heads' importance."""
+  [layers, heads] for bertjax.compress.prune' importance."""
   out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"], head_gates,
                     rngs={"dropout": rng} if rng is not None else {})
   w = batch["example_weight"]
