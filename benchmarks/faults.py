@@ -249,13 +249,16 @@ def main():
   print(f"faults survived: {len(survived)} of {len(injected)} (kills {sum(s.startswith('SIG') for s in survived)} of "
         f"{len(kills)}, corrupted shard {survived.count('corrupted shard')} of {injected.count('corrupted shard')}, "
         f"disk full {survived.count('disk full')} of {injected.count('disk full')}); {n} starts of the job")
+  clean = identical and not problems and len(survived) == len(injected)
+  kept = args.keep or not clean  # a failure keeps its workdirs and logs to look at
   print(f"final parameters bit-identical to the uninterrupted run's: {'yes' if identical else 'NO'} "
-        f"(step {got_step} vs {ref_step}, {len(ref)} arrays) [{time.time() - t0:.0f}s; workdirs and logs in {root}]")
+        f"(step {got_step} vs {ref_step}, {len(ref)} arrays) [{time.time() - t0:.0f}s"
+        + (f"; workdirs and logs in {root}]" if kept else "]"))
   for problem in problems:
     print(f"problem: {problem}")
-  if not args.keep and identical and not problems:
+  if not kept:
     shutil.rmtree(root, ignore_errors=True)
-  sys.exit(0 if identical and not problems and len(survived) == len(injected) else 1)
+  sys.exit(0 if clean else 1)
 
 
 if __name__ == "__main__":

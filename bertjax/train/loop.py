@@ -203,8 +203,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
   replace = check_workdir(config, workdir)
   plan = config_lib.phases(config)
   n_proc, proc = jax.process_count(), jax.process_index()
-  if proc == 0 and "://" not in workdir:  # one writer per workdir: a second run stops here, naming the first
-    held.enter_context(checkpoint.WorkdirLock(workdir))
   mesh = sharding.make_mesh(config.sharding, overrides=dict(config.mesh))
   n_dev = jax.device_count()
   attention = build.attention_notice(config, mesh)  # a kernel this platform cannot run fails now
@@ -228,6 +226,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
   if len({d.tokenizer.fingerprint for d in datasets.values()}) > 1:
     raise UserError("the phases' data were made with different tokenizers; prepare them with one "
                     "(python -m bertjax.data.prepare with the phased config writes every seq_len with the same)")
+  # One writer per workdir: a second run stops here, naming the first, before it writes anything (and a run
+  # whose input is bad, stopped above, has not touched the workdir at all).
+  if proc == 0 and "://" not in workdir:
+    held.enter_context(checkpoint.WorkdirLock(workdir))
   claim_workdir(config, workdir, replace)  # only now: a bad input must leave an existing workdir as it was
   writer = MetricWriter(workdir, enabled=proc == 0)
   for seq_len, data in datasets.items():
