@@ -5,6 +5,9 @@ the other CLIs, the notebook, the tests' conftest) calls `setup()` once, first. 
 - joins a multi-process job when the environment describes one (`jax.distributed.initialize()`),
 - makes random bits partitionable (no cross-device traffic to generate them),
 and, only where JAX will run on this host's CPU:
+- In a multi-process job, bound how long a collective waits for its peers (XLA:CPU's own collective
+  timeout, from config.runtime.step_timeout_s: `step_timeout`, `collective_timeout_flags`); the loop turns
+  a timed-out collective into one line naming the step and the stalled peer (`ProgressBeacon`), exit 75.
 - With libtpu installed (it compiles for TPU topologies in `bertjax.aot`) but no TPU chip here, pin JAX
   to the CPU up front so libtpu does not print its warnings in every process.
 - Keep freed host memory for reuse (`retain_host_memory`): XLA's CPU runtime mallocs each execution's
