@@ -3,10 +3,12 @@
 Every source takes one road, bertjax.data.prepare_lib (what `python -m bertjax.data.prepare` runs), into
 shards that training reads memory-mapped. `build(config)` opens `shards:DIR` as it is; any other source
 (`demo`, `text:GLOB`, `tfds:...`) is prepared once into the cache, `cache_dir(config)/shards-KEY` with KEY a
-hash of the source's fingerprint and every setting that changes the rows, and opened from there, so the
-same config gives the same rows whether it names the corpus or shards prepared from it. A SentencePiece
-tokenizer trained on the source is cached apart (`tokenizer-KEY`), keyed by what changes it only, so
-configs that differ in seq_len or format share it.
+hash of the source's fingerprint, the tokenizer's fingerprint (vocabulary, casing, normalization), the
+row-builder version (prepare_lib.ROWS_VERSION) and every setting that changes the rows, and opened from
+there, so the same config gives the same rows whether it names the corpus or shards prepared from it. A
+SentencePiece tokenizer trained on the source is cached apart (`tokenizer-KEY`), keyed by what changes it
+only, so configs that differ in seq_len or format share it. Either way the shard files are checked against
+their metadata (size, sha256: shards.verify) before a row is read; docs/integrity.md.
 
 `batch_at(rows, step, ...)` is the loader: a global batch is rows `step*B .. step*B+B-1` of an endless
 sequence of per-epoch permutations keyed by (seed, epoch), so any process can compute its share of any
