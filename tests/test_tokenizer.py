@@ -218,7 +218,9 @@ def test_wordpiece_lowercases_by_default_and_cased_keeps_case(vocab_path):
   assert not cased.lowercase
   assert _tokens(cased, "The Cat cat") == ["[UNK]", "Cat", "cat"]
   assert cased.spec() == f"wordpiece:{vocab_path}:cased" and uncased.spec() == f"wordpiece:{vocab_path}"
-  assert cased.fingerprint == uncased.fingerprint  # the file's bytes; the spec records the casing
+  # One vocab.txt, two tokenizers: casing changes the ids, so it changes the identity rows and caches are keyed by.
+  assert cased.fingerprint != uncased.fingerprint
+  assert load_tokenizer(f"wordpiece:{vocab_path}:cased").fingerprint == cased.fingerprint  # and stays stable
 
 
 def test_wordpiece_mask_literal_survives_lowercasing(vocab_path):

@@ -5,11 +5,14 @@ import functools
 import re
 import sys
 
-from bertjax.core.errors import UserError
+from bertjax.core.errors import RESTARTABLE_EXIT, RestartableError, UserError
+
+
 
 
 def cli(main):
-  """Wraps a CLI `main(argv)` so that a UserError prints `error: ...` on stderr and exits with code 2."""
+  """Wraps a CLI `main(argv)` so that a UserError prints `error: ...` on stderr and exits with code 2 (a
+  RestartableError: exit 75)."""
 
   @functools.wraps(main)
   def wrapped(argv):
@@ -21,6 +24,13 @@ def cli(main):
     except UserError as e:
       print(f"error: {e}", file=sys.stderr, flush=True)
       sys.exit(2)
+    except RestartableError as e:
+      import os
+
+      print(f"error: {e}", file=sys.stderr, flush=True)
+      sys.stdout.flush()
+      # Not sys.exit: jax.distributed's exit hook waits at a barrier for every process, the lost one too.
+      os._exit(RESTARTABLE_EXIT)
 
   return wrapped
 
@@ -127,7 +137,8 @@ def run_config_workdir(example: str, workdir_help: str, entry: str):
     from bertjax.core import runtime
 
     c = config.value  # platform, allocator, JAX flags, jax.distributed.initialize() on multi-host jobs:
-    runtime.setup(c.get("startup_timeout", 300.0), c.get("heartbeat_timeout", 100.0))
+    runtime.setup(c.get("startup_timeout", 300.0), c.get("heartbeat_timeout", 100.0),
+                  runtime.step_timeout(c, workdir.value))
     where = workdir.value or default_workdir(flags.FLAGS["config"].config_filename)
     module, _, function = entry.partition(":")
     try:

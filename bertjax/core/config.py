@@ -53,6 +53,9 @@ def defaults() -> ml_collections.ConfigDict:
       dupe_factor=5,  # passes over the corpus with different pairings
       cache_dir="",  # where sources other than shards: are prepared once; empty: $BERTJAX_CACHE or ~/.cache/bertjax
       prepare_workers=0,  # processes preparing a source into the cache (0: in this one; big corpora: bertjax.data.prepare)
+      # Shard files are checked against metadata.json before training reads them: size (always), and sha256:
+      # first (once per file state, recorded in the cache) | full (every start) | size (never).
+      verify="first",
   )
   # Masking.
   c.masking = dict(
@@ -115,6 +118,12 @@ def defaults() -> ml_collections.ConfigDict:
   c.max_nonfinite_steps = 10  # stop (saving the last good state) after this many skipped steps in a row
   c.startup_timeout = 300.0  # seconds joining a multi-process job, and then the start-up all-reduce, may take
   c.heartbeat_timeout = 100.0  # multi-process: seconds a silent process may go before the others stop (jax's default)
+  c.runtime = dict(
+      # Multi-process: seconds a collective may wait for its peers before this process stops with one line and
+      # exit 75 (restartable), naming the step and the peer that did not come (bertjax.core.runtime: XLA:CPU's own
+      # collective timeout). A restarted run scales it down to 50x the step time it measured, 300 s at least.
+      step_timeout_s=1200.0,
+  )
   return c
 
 

@@ -5,6 +5,9 @@ the other CLIs, the notebook, the tests' conftest) calls `setup()` once, first. 
 - joins a multi-process job when the environment describes one (`jax.distributed.initialize()`),
 - makes random bits partitionable (no cross-device traffic to generate them),
 and, only where JAX will run on this host's CPU:
+- In a multi-process job, bound how long a collective waits for its peers (XLA:CPU's own collective
+  timeout, from config.runtime.step_timeout_s: `step_timeout`, `collective_timeout_flags`); the loop turns
+  a timed-out collective into one line naming the step and the stalled peer (`ProgressBeacon`), exit 75.
 - With libtpu installed (it compiles for TPU topologies in `bertjax.aot`) but no TPU chip here, pin JAX
   to the CPU up front so libtpu does not print its warnings in every process.
 - Keep freed host memory for reuse (`retain_host_memory`): XLA's CPU runtime mallocs each execution's
@@ -112,18 +115,66 @@ def join_job(join_timeout_s: float = 300.0, heartbeat_timeout_s: float = 100.0):
 
 
 _DONE = []
+_COLLECTIVE_TIMEOUT_FLAG = "--xla_cpu_collective_timeout_seconds"
+MIN_SCALED_TIMEOUT_S = 300.0  # a scaled timeout never goes below this: peers' compile times differ too
+_STEPS_PER_TIMEOUT = 50  # a scaled timeout is this many measured steps
 
 
-def setup(join_timeout_s: float = 300.0, heartbeat_timeout_s: float = 100.0):
+def step_timeout(config, workdir: str | None) -> float:
+  """How long a collective may wait for its peers: config.runtime.step_timeout_s, scaled down on a
+  restarted run to _STEPS_PER_TIMEOUT x the step time its earlier attempt measured (the last logged
+  tokens_per_sec in workdir/metrics.jsonl, which excludes compilation), never below MIN_SCALED_TIMEOUT_S.
+
+  XLA fixes the timeout when it compiles a step, so it is chosen once per process, before JAX starts; a
+  first attempt keeps the configured (generous) value."""
+  import json
+
+  limit = float((config.get("runtime") or {}).get("step_timeout_s", 1200.0))
+  path = os.path.join(workdir, "metrics.jsonl") if workdir and "://" not in workdir else ""
+  rate = 0.0
+  try:
+    with open(path) as f:
+      for line in f:
+        rate = json.loads(line).get("tokens_per_sec", rate)
+  except (OSError, ValueError):
+    return limit
+  tokens = config.get("batch_size", 0) * config.get("seq_len", 0)
+  if rate <= 0 or not tokens:
+    return limit
+  return min(limit, max(MIN_SCALED_TIMEOUT_S, _STEPS_PER_TIMEOUT * tokens / rate))
+
+
+def collective_timeout_flags(timeout_s: float) -> bool:
+  """Puts XLA:CPU's collective timeout (`--xla_cpu_collective_timeout_seconds`) in XLA_FLAGS unless the user
+  set one; before the backend starts, which is when XLA reads it. With it a gloo collective (the CPU
+  collectives of multi-process runs) that waits longer for a peer fails with "Gloo ... Timed out" in the
+  waiting process instead of blocking forever. Returns whether the flag is now set."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if _COLLECTIVE_TIMEOUT_FLAG not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} {_COLLECTIVE_TIMEOUT_FLAG}={max(1, int(timeout_s))}".strip()
+  return True
+
+
+def configured_timeout() -> float:
+  """The collective timeout XLA_FLAGS sets (collective_timeout_flags), in seconds; 0 if none."""
+  import re
+
+  m = re.search(rf"{_COLLECTIVE_TIMEOUT_FLAG}=(\d+)", os.environ.get("XLA_FLAGS", ""))
+  return float(m.group(1)) if m else 0.0
+
+
+def setup(join_timeout_s: float = 300.0, heartbeat_timeout_s: float = 100.0, step_timeout_s: float = 1200.0):
   """Platform choice, allocator policy, JAX flags and multi-host initialization (see join_job for the
-  timeouts, which the training CLIs take from config.startup_timeout and config.heartbeat_timeout); once
-  per process (a second call does nothing)."""
+  timeouts, which the training CLIs take from config.startup_timeout and config.heartbeat_timeout, and
+  collective_timeout_flags for step_timeout_s, see step_timeout); once per process (a second call does nothing)."""
   if _DONE:
     return
   _DONE.append(True)
   _cpu_when_libtpu_has_no_tpu()
   if os.environ.get("BERTJAX_HOST_MALLOC", "default") == "retain" and runs_on_cpu():
     retain_host_memory()
+  if multi_process_env() and runs_on_cpu():
+    collective_timeout_flags(step_timeout_s)
   import jax
 
   jax.config.update("jax_threefry_partitionable", True)  # random bits need no cross-device traffic
@@ -168,3 +219,83 @@ def startup_check(mesh, timeout_s: float = 300.0) -> float:
   if result["sum"] != jax.device_count():
     raise UserError(f"the start-up all-reduce gave {result['sum']}, expected {jax.device_count()}: devices disagree")
   return time.time() - start
+
+
+# ---------------------------------------------------------------- a collective that waited too long
+
+# What a collective that timed out raises: gloo's (XLA:CPU multi-process), and XLA's own deadline errors.
+_TIMED_OUT = ("Timed out waiting", "DEADLINE_EXCEEDED", "timed out after")
+_BEACON_KEY = "bertjax/progress/"
+
+
+def is_collective_timeout(error: BaseException) -> bool:
+  """Whether `error` is a collective that gave up waiting for a peer (see collective_timeout_flags)."""
+  text = str(error)
+  where = "Gloo" in text or "collective" in text.lower() or "barrier" in text.lower()
+  return where and any(t in text for t in _TIMED_OUT)
+
+
+class ProgressBeacon:
+  """Publishes this process's step (and the time) in jax.distributed's key-value store every `every`
+  seconds, from a daemon thread: when a collective times out, the peers' beacons tell which of them
+  stopped (a stale time: stopped, hung or descheduled) or fell behind (a lower step). The training loop
+  only sets `.step`, so the hot path does no I/O; nothing runs in a one-process run."""
+
+  def __init__(self, every: float = 2.0):
+    import threading
+
+    import jax
+    from jax._src import distributed
+
+    self.step, self.every = 0, every
+    self.process, self.count = jax.process_index(), jax.process_count()
+    self._client = distributed.global_state.client
+    self._stop = threading.Event()
+    if self.count > 1 and self._client is not None:
+      threading.Thread(target=self._run, daemon=True, name="bertjax-progress").start()
+
+  def _run(self):
+    import time
+
+    while not self._stop.wait(self.every):
+      try:
+        self._client.key_value_set(f"{_BEACON_KEY}{self.process}", f"{self.step} {time.time():.1f}",
+                                   allow_overwrite=True)
+      except Exception:  # the coordinator is gone: jax.distributed reports that itself
+        return
+
+  def close(self):
+    self._stop.set()
+
+  def suspects(self, timeout_s: float = 5.0) -> str:
+    """The peers most likely to hold the others up, in words ("process 2", "processes 1, 3"), read from
+    their beacons within `timeout_s` (the coordinator, which holds them, may itself be the one stopped)."""
+    import threading
+    import time
+
+    others = [p for p in range(self.count) if p != self.process]
+    seen = {}
+
+    def read():
+      for p in others:
+        try:
+          step, stamp = self._client.key_value_try_get(f"{_BEACON_KEY}{p}").split()
+          seen[p] = (int(step), float(stamp))
+        except Exception:
+          seen[p] = None
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+      return "process 0 (the coordinator, which does not answer)" if self.process != 0 else _names(others)
+    now = time.time()
+    stale = [p for p in others if seen.get(p) is None or now - seen[p][1] > 3 * self.every + 2]
+    if stale:
+      return _names(stale)
+    lowest = min(seen[p][0] for p in others)
+    behind = [p for p in others if seen[p][0] == lowest and lowest < self.step]
+    return _names(behind or others)
+
+
+def _names(processes: list) -> str:
+  return ("process " if len(processes) == 1 else "processes ") + ", ".join(map(str, processes))

@@ -63,8 +63,8 @@ def lost_process(report: str, process_id: int, num_processes: int) -> str | None
       return ("process " if len(ids) == 1 else "processes ") + ", ".join(map(str, ids))
   if process_id != 0 and _COORDINATOR_GONE.search(report):
     return "process 0 (the coordinator)"
-  if _FATAL.search(report) and num_processes == 2:
-    return f"process {1 - process_id}"
+  if _FATAL.search(report):  # a report that names no process: with two there is only one it can be
+    return f"process {1 - process_id}" if num_processes == 2 else "a process (jax.distributed's report names none)"
   return None
 
 

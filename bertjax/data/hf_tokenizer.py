@@ -32,6 +32,20 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 _CONVERTED = ("spiece.model", "vocab.json")  # tokenizer files only transformers' converters read
 
 
+def files_fingerprint(directory: str) -> str:
+  """First 16 hex digits of a sha256 over every tokenizer file of `directory` (name and bytes, in a fixed
+  order): tokenizer.json holds the vocabulary, normalizer and pre-tokenizer, and tokenizer_config.json /
+  special_tokens_map.json name the special tokens, so a change to any of them changes the fingerprint."""
+  digest = hashlib.sha256()
+  for name in TOKENIZER_FILES:
+    path = os.path.join(directory, name)
+    if os.path.isfile(path):
+      with open(path, "rb") as f:
+        data = f.read()
+      digest.update(f"{name}\0{len(data)}\0".encode() + data)
+  return digest.hexdigest()[:16]
+
+
 def _json(path: str) -> dict:
   if not os.path.isfile(path):
     return {}
@@ -66,13 +80,10 @@ class HFTokenizer(Tokenizer):
     path = os.path.join(directory, "tokenizer.json")
     if os.path.isfile(path):
       with open(path, "rb") as f:
-        data = f.read()
-      text = data.decode("utf-8")
+        text = f.read().decode("utf-8")
     else:  # spiece.model / vocab.json + merges.txt: what transformers makes of them
-      data = b"".join(open(os.path.join(directory, n), "rb").read() for n in TOKENIZER_FILES
-                      if os.path.isfile(os.path.join(directory, n)))
       text = _converted(directory)
-    self.fingerprint = hashlib.sha256(data).hexdigest()[:16]
+    self.fingerprint = files_fingerprint(directory)
     self._tok = tokenizers.Tokenizer.from_str(text)
     self._tok.no_truncation()
     self._tok.no_padding()

@@ -3,10 +3,12 @@
 Every source takes one road, bertjax.data.prepare_lib (what `python -m bertjax.data.prepare` runs), into
 shards that training reads memory-mapped. `build(config)` opens `shards:DIR` as it is; any other source
 (`demo`, `text:GLOB`, `tfds:...`) is prepared once into the cache, `cache_dir(config)/shards-KEY` with KEY a
-hash of the source's fingerprint and every setting that changes the rows, and opened from there, so the
-same config gives the same rows whether it names the corpus or shards prepared from it. A SentencePiece
-tokenizer trained on the source is cached apart (`tokenizer-KEY`), keyed by what changes it only, so
-configs that differ in seq_len or format share it.
+hash of the source's fingerprint, the tokenizer's fingerprint (vocabulary, casing, normalization), the
+row-builder version (prepare_lib.ROWS_VERSION) and every setting that changes the rows, and opened from
+there, so the same config gives the same rows whether it names the corpus or shards prepared from it. A
+SentencePiece tokenizer trained on the source is cached apart (`tokenizer-KEY`), keyed by what changes it
+only, so configs that differ in seq_len or format share it. Either way the shard files are checked against
+their metadata (size, sha256: shards.verify) before a row is read; docs/integrity.md.
 
 `batch_at(rows, step, ...)` is the loader: a global batch is rows `step*B .. step*B+B-1` of an endless
 sequence of per-epoch permutations keyed by (seed, epoch), so any process can compute its share of any
@@ -64,6 +66,7 @@ def shards_key(config, source_fingerprint: str, tokenizer_fingerprint: str) -> s
   """The cache key of prepared shards: the source, the tokenizer, and every setting that changes the rows."""
   d = config.data
   return _key(dict(_read_settings(config, source_fingerprint), version=shards.VERSION,
+                   rows_version=prepare_lib.ROWS_VERSION,
                    chunk_bytes=prepare_lib.CHUNK_BYTES, tokenizer=tokenizer_fingerprint,
                    format=prepare_lib.resolve_format(config), seq_len=config.seq_len, seed=config.seed,
                    dupe_factor=d.dupe_factor, short_seq_prob=d.short_seq_prob))
@@ -110,8 +113,37 @@ def prepared(config) -> str:
   if not os.path.isdir(directory):
     print(f"data: preparing {d.source} into {directory} (once: runs with the same data settings reuse it)",
           file=sys.stderr, flush=True)
+    stale = stale_caches(root)
+    if stale:
+      size = sum(b for _, b in stale)
+      print(f"data: {len(stale)} cache directories in {root} hold rows of other row-builder versions "
+            f"(this bertjax builds version {prepare_lib.ROWS_VERSION}) and are never read again, {size / 1e6:.1f} MB "
+            f"in all; delete them to free the space: " + ", ".join(f"{p} ({b / 1e6:.1f} MB)" for p, b in stale),
+            file=sys.stderr, flush=True)
   return _once(directory, lambda tmp: prepare_lib.prepare(config, tmp, workers=d.prepare_workers,
                                                           progress=sys.stderr, tokenizer=tokenizer))
+
+
+def _size(directory: str) -> int:
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(directory) for f in files)
+
+
+def stale_caches(root: str) -> list:
+  """[(directory, bytes)] of the prepared cache entries under `root` that another row-builder version made
+  (their metadata says so, or predates the version): their key differs from any this bertjax computes."""
+  stale = []
+  for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+    path = os.path.join(root, name, shards.METADATA)
+    if not name.startswith("shards-") or not os.path.isfile(path):
+      continue
+    try:
+      with open(path) as f:
+        version = json.load(f).get("rows_version")
+    except (OSError, ValueError):
+      version = None
+    if version != prepare_lib.ROWS_VERSION:
+      stale.append((os.path.join(root, name), _size(os.path.join(root, name))))
+  return stale
 
 
 def build(config) -> Dataset:
@@ -121,12 +153,21 @@ def build(config) -> Dataset:
     directory = os.path.expanduser(source.partition(":")[2])
     per_phase = os.path.join(directory, f"seq_len_{config.seq_len}")  # prepared for a config with phases
     return _open_shards(config, per_phase if os.path.isdir(per_phase) else directory)
-  return _open_shards(config, prepared(config))
+  return _open_shards(config, prepared(config), cached=True)
 
 
-def _open_shards(config, directory: str) -> Dataset:
-  """Prepared shards, after checking that format, seq_len and tokenizer are this config's."""
+def _open_shards(config, directory: str, cached: bool = False) -> Dataset:
+  """Prepared shards, after checking that format, seq_len and tokenizer are this config's (and, for a cache
+  entry, the row-builder version) and that the shard files are whole (shards.verify)."""
   meta = shards.read_metadata(directory)
+  built = meta.get("rows_version")
+  if built != prepare_lib.ROWS_VERSION:
+    if cached:  # unreachable through the key; a guard against an entry renamed or copied into place
+      raise UserError(f"cache entry {directory} holds rows of row-builder version {built}, this bertjax builds "
+                      f"{prepare_lib.ROWS_VERSION}; delete it to prepare the rows again")
+    print(f"data: note: the shards in {directory} were built by row-builder version {built}, this bertjax "
+          f"builds {prepare_lib.ROWS_VERSION}; prepare them again to train on the current rows", file=sys.stderr,
+          flush=True)
   fix = "prepare them for this config (python -m bertjax.data.prepare --config=... --out=DIR) or change the config"
   fmt = prepare_lib.resolve_format(config)
   if meta["format"] != fmt:
@@ -142,8 +183,12 @@ def _open_shards(config, directory: str) -> Dataset:
     tok = load_tokenizer(config.data.tokenizer)
     if tok.fingerprint != theirs["fingerprint"]:
       raise UserError(f"config.data.tokenizer {tok.spec()} is not the tokenizer the shards in {directory} were "
-                      "made with; leave --config.data.tokenizer empty to use theirs")
+                      f"made with ({theirs['spec']}, fingerprint {theirs['fingerprint']}; a different vocabulary, "
+                      "casing or normalization gives different ids); leave --config.data.tokenizer empty to use "
+                      "theirs, or prepare the corpus with this one")
   prepare_lib.check_vocab_size(tok, config.model.vocab_size)
+  # Before any step reads a row: the shard files are the ones prepared (size always, sha256 as data.verify says).
+  shards.verify(directory, meta, config.data.get("verify", "first"), os.path.join(cache_dir(config), "verified"))
   counts = meta["counts"]
   stats = dict(source=sources.SourceStats(**counts["source"]), format=fmt,
                train=instances.InstanceStats(**counts["train"]), eval=instances.InstanceStats(**counts["eval"]))

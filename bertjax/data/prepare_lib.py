@@ -40,6 +40,12 @@ from bertjax.data.tokenizer_spec import load_tokenizer
 # Nothing here imports JAX (worker processes stay light): bertjax.core.config is imported lazily, in the
 # main process only, by `prepare`, to validate the config.
 
+# The version of the code that turns documents into rows: sources.to_sentences and the sentence splitter,
+# the chunking and seeding here, instances (pairs, packing, truncation) and the stored row layout. Part of
+# the cache key and recorded in metadata.json, so rows built by other code are never reused silently. Bump
+# it with any change to the rows that code makes; tests/test_rows_version.py holds the golden digests of
+# every format's rows for this version, and fails when they change while it does not.
+ROWS_VERSION = 1
 CHUNK_BYTES = 1 << 20  # text per work unit: big enough to amortize the hand-over, small enough to spread
 _EVAL_SPLIT_SEED = 1234  # held-out documents do not depend on the run's seed
 _HF_DIR = "tokenizer"  # an hf:DIR tokenizer's files, copied beside the shards
@@ -367,7 +373,7 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
                     f"{fmt} instances from {stats.documents} documents; use a larger corpus (SOP needs "
                     "documents of two sentences or more) or change --config.data.eval_fraction")
   meta = dict(
-      version=shards.VERSION, format=fmt, seq_len=config.seq_len, fields=types,
+      version=shards.VERSION, rows_version=ROWS_VERSION, format=fmt, seq_len=config.seq_len, fields=types,
       tokenizer=dict(spec=spec, fingerprint=tok.fingerprint, vocab_size=tok.vocab_size),
       source=d.source, settings=dict(seed=config.seed, dupe_factor=d.dupe_factor, short_seq_prob=d.short_seq_prob,
                                      eval_fraction=d.eval_fraction, split_paragraphs=reader.paragraphs,

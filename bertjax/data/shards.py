@@ -4,7 +4,8 @@ Layout of a shards directory (what `python -m bertjax.data.prepare` writes):
 
   metadata.json          format, seq_len, tokenizer (spec relative to the directory, fingerprint, vocab
                          size), the row layout, the source and settings, counts, and the shard files of
-                         each split; written last, so a directory without it is an unfinished preparation
+                         each split with their size and sha256 (`verify` checks them before training
+                         reads a row); written last, so a directory without it is an unfinished preparation
   tokenizer.model        the tokenizer (vocab.txt for WordPiece, tokenizer/ for a checkpoint's hf:DIR); training uses it
   train-00000.rows ...   rows of the train split; eval-00000.rows ... rows of the held-out documents
 
@@ -14,6 +15,7 @@ in one place, and any row is found by arithmetic (`np.memmap`), never by reading
 Fields are stored narrow (ids as uint16 when the vocabulary fits) and widened when read.
 """
 
+import hashlib
 import json
 import mmap
 import os
@@ -60,8 +62,9 @@ class ShardWriter:
   def __init__(self, directory: str, split: str, dtype: np.dtype):
     self.directory, self.split, self.dtype = directory, split, dtype
     self.rows_per_shard = max(1, SHARD_BYTES // dtype.itemsize)
-    self.shards = []  # [{"file", "rows"}]
+    self.shards = []  # [{"file", "rows", "bytes", "sha256"}]
     self._file = None
+    self._digest = None
 
   def write(self, records: np.ndarray):
     """Appends rows (a structured array of this writer's dtype, see to_records)."""
@@ -70,22 +73,30 @@ class ShardWriter:
       if self._file is None or self.shards[-1]["rows"] == self.rows_per_shard:
         self._roll()
       take = min(n - at, self.rows_per_shard - self.shards[-1]["rows"])
-      records[at:at + take].tofile(self._file)
+      data = records[at:at + take].tobytes()
+      self._file.write(data)
+      self._digest.update(data)
       self.shards[-1]["rows"] += take
       at += take
 
+  def _finish(self):
+    """Closes the current file, recording its size and checksum."""
+    self._file.close()
+    self._file = None
+    self.shards[-1].update(bytes=self.shards[-1]["rows"] * self.dtype.itemsize, sha256=self._digest.hexdigest())
+
   def _roll(self):
     if self._file is not None:
-      self._file.close()
+      self._finish()
     name = f"{self.split}-{len(self.shards):05d}.rows"
     self._file = open(os.path.join(self.directory, name), "wb")
+    self._digest = hashlib.sha256()
     self.shards.append(dict(file=name, rows=0))
 
   def close(self) -> list:
-    """Closes the current file; returns the shard list for the metadata."""
+    """Closes the current file; returns the shard list (file, rows, bytes, sha256) for the metadata."""
     if self._file is not None:
-      self._file.close()
-      self._file = None
+      self._finish()
     return self.shards
 
 
@@ -162,6 +173,68 @@ def read_metadata(directory: str) -> dict:
     raise UserError(f"{path} is shards format version {meta.get('version')}, this bertjax reads {VERSION}; "
                     "prepare the shards again")
   return meta
+
+
+VERIFY_MODES = ("size", "first", "full")
+
+
+def file_sha256(path: str) -> str:
+  """The sha256 of a file, read in 8 MiB blocks (memory stays flat whatever its size)."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    while block := f.read(1 << 23):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _stamp(path: str, expected: str) -> str:
+  """The name of the record that the file at `path`, as it is now (inode, size, mtime), had checksum
+  `expected`: any write to the file changes its mtime, and with it the name, so it is verified again."""
+  st = os.stat(path)
+  what = f"{os.path.abspath(path)}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{expected}"
+  return hashlib.sha256(what.encode()).hexdigest()[:32]
+
+
+def verify(directory: str, meta: dict, mode: str = "first", stamps: str = "") -> list:
+  """Checks every shard file of `directory` against metadata.json before a row is read; returns the files
+  whose full checksum was computed.
+
+  The size always (a truncated or extended file); the sha256 too when `mode` is "full", or when it is
+  "first" and `stamps` (a directory of records, one per file state already verified) has no record of this
+  file as it is now. A preparation older than checksums is checked by size only. UserError naming the file
+  at the first one that differs.
+  """
+  if mode not in VERIFY_MODES:
+    raise UserError(f"data.verify={mode!r}; use one of {', '.join(VERIFY_MODES)}")
+  checked = []
+  for split in sorted(meta["splits"]):
+    dtype = row_dtype(meta["fields"], meta["seq_len"])
+    for shard in meta["splits"][split]["shards"]:
+      path = os.path.join(os.path.expanduser(directory), shard["file"])
+      expected = shard["rows"] * dtype.itemsize
+      if not os.path.isfile(path):
+        raise UserError(f"shard {path} is missing; prepare the shards again")
+      size = os.path.getsize(path)
+      if size != expected:
+        raise UserError(f"shard {path} is {size} bytes, metadata.json says {expected} (truncated or overwritten); "
+                        "prepare the shards again")
+      if "sha256" not in shard or mode == "size":
+        continue
+      stamp = os.path.join(stamps, _stamp(path, shard["sha256"])) if stamps else ""
+      if mode == "first" and stamp and os.path.exists(stamp):
+        continue
+      actual = file_sha256(path)
+      checked.append(path)
+      if actual != shard["sha256"]:
+        raise UserError(f"shard {path} is corrupt: its sha256 is {actual[:16]}..., metadata.json records "
+                        f"{shard['sha256'][:16]}... (bytes changed on disk); prepare the shards again")
+      if stamp:
+        try:
+          os.makedirs(stamps, exist_ok=True)
+          open(stamp, "w").close()
+        except OSError:  # a read-only cache only means verifying again next time
+          pass
+  return checked
 
 
 def open_split(directory: str, meta: dict, split: str) -> Rows:

@@ -6,6 +6,7 @@ import abc
 import dataclasses
 import hashlib
 import io
+import json
 import os
 import random
 import re
@@ -52,9 +53,15 @@ def _read_bytes(path: str, what: str) -> bytes:
     return f.read()
 
 
-def _fingerprint(data: bytes) -> str:
-  """First 16 hex digits of the sha256 of a model or vocab file: identifies the vocabulary a run used."""
-  return hashlib.sha256(data).hexdigest()[:16]
+def _fingerprint(data: bytes, settings: dict | None = None) -> str:
+  """First 16 hex digits of the sha256 of what decides a tokenizer's ids: its model / vocab file's bytes and,
+  for a format whose file leaves some of that open (a WordPiece vocab.txt says nothing of casing), the
+  settings that do. Rows, caches and checkpoints record it: two tokenizers that may give different ids for one
+  text must never share it (docs/integrity.md)."""
+  digest = hashlib.sha256(data)
+  if settings:
+    digest.update(b"\0" + json.dumps(settings, sort_keys=True).encode())
+  return digest.hexdigest()[:16]
 
 
 def _missing_special_tokens_error(path: str, missing: Sequence[str], fix: str) -> UserError:
@@ -68,7 +75,8 @@ class Tokenizer(abc.ABC):
   Attributes:
     vocab_size: the number of ids; every id is in [0, vocab_size).
     special: the ids of [PAD], [UNK], [CLS], [SEP] and [MASK].
-    fingerprint: first 16 hex digits of the sha256 of the model / vocab file's bytes.
+    fingerprint: first 16 hex digits of a sha256 over everything that changes ids: the model / vocab file's
+      bytes, and for WordPiece the normalization (casing, accents) and pre-tokenization it applies.
     kind: "spm", "wordpiece" or "hf".
     path: the model / vocab file, as given.
   """
@@ -204,7 +212,11 @@ class WordPieceTokenizer(Tokenizer):
     data = _read_bytes(path, "WordPiece vocabulary")
     self.path = path
     self.lowercase = lowercase
-    self.fingerprint = _fingerprint(data)
+    # vocab.txt holds only the vocabulary: the normalizer (lowercasing and accent stripping go together in
+    # BertWordPieceTokenizer), the pre-tokenizer and the special tokens are settings, and change the ids.
+    self.fingerprint = _fingerprint(data, dict(
+        kind="wordpiece", lowercase=lowercase, strip_accents=lowercase, clean_text=True, chinese_chars=True,
+        pre_tokenizer="bert", continuation=_WORDPIECE_CONTINUATION, special=list(SPECIAL_TOKENS)))
     tokens = {line.strip() for line in data.decode("utf-8", errors="replace").splitlines()}
     missing = [token for token in SPECIAL_TOKENS if token not in tokens]
     if missing:

@@ -1,11 +1,16 @@
-"""Orbax checkpoints of the train state (params, optimizer state, step) plus a reproducibility manifest.
+"""Orbax checkpoints of the train state (params, optimizer state, step) plus a reproducibility manifest, and
+the lock that makes one run the only writer of a workdir.
 
 A thin layer over `ocp.CheckpointManager`, which already gives async saves, keep-last-N and atomic
 finalization (a save killed midway leaves a temporary directory that is never listed as a step). The data
 position is not saved: batches are a pure function of (seed, step), so the step is the position.
 """
 
+import errno
+import fcntl
 import os
+import socket
+import sys
 
 import jax
 import orbax.checkpoint as ocp
@@ -18,6 +23,7 @@ class Checkpointer:
 
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
     self.directory = os.path.join(os.path.abspath(workdir) if "://" not in workdir else workdir, "checkpoints")
+    quiet_disk_full_noise()
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "manifest"))
 
@@ -49,6 +55,72 @@ class Checkpointer:
     self.manager.close()
 
 
+# How a full disk reads, from Python (errno) and from orbax / tensorstore writers (their message text).
+_DISK_FULL_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                     errno.EFBIG: "file too large"}
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "File too large", "OS error 28",
+                   "OS error 122", "OS error 27")
+
+
+def is_disk_full(error: BaseException) -> str:
+  """What says `error` (or an error it was raised from) is a full disk, in words; "" if it is not one."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno in _DISK_FULL_ERRNOS:
+      return _DISK_FULL_ERRNOS[error.errno]
+    text = str(error)
+    for marker in _DISK_FULL_TEXT:
+      if marker in text:
+        return marker[0].lower() + marker[1:]
+    error = error.__cause__ or error.__context__
+  return ""
+
+
+class _DiskFullNoise:
+  """Keeps a full disk's echoes off stderr, so that the run's own one-line error says it: orbax logs each of
+  its failed background writes with a traceback, asyncio reports their futures' unread exceptions, and
+  tensorstore's callbacks raise "Event loop is closed" into the closed event loops of those writes. Other
+  errors pass untouched."""
+
+  def __init__(self):
+    self.seen = False
+
+  def filter(self, record) -> bool:  # logging.Filter protocol, on absl's logger (orbax logs through absl)
+    text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else "")
+    if any(marker in text for marker in _DISK_FULL_TEXT):
+      self.seen = True
+      return False
+    return True
+
+  def wrap(self, hook, exc_of):
+    def quiet(*args):
+      if not (self.seen and "Event loop is closed" in str(exc_of(*args))):
+        hook(*args)
+    return quiet
+
+  def install(self):
+    """Installs the filter and the hooks for the rest of the process (a run ends its process, or is a test's)."""
+    import logging
+    import threading
+
+    for name in ("absl", "asyncio"):  # orbax logs through absl; asyncio reports the writes' unread failures
+      logging.getLogger(name).addFilter(self)
+    sys.excepthook = self.wrap(sys.excepthook, lambda t, value, tb: value)
+    threading.excepthook = self.wrap(threading.excepthook, lambda args: args.exc_value)
+    sys.unraisablehook = self.wrap(sys.unraisablehook, lambda args: args.exc_value)
+
+
+_NOISE = []
+
+
+def quiet_disk_full_noise():
+  """Installs _DiskFullNoise once per process."""
+  if not _NOISE:
+    _NOISE.append(_DiskFullNoise())
+    _NOISE[0].install()
+
+
 def restore_params(path: str, abstract_params):
   """Only the params of the checkpoint at `path` (a checkpoints dir, a workdir or a step dir): init_from."""
   for candidate in (path, os.path.join(path, "checkpoints")):
@@ -60,3 +132,65 @@ def restore_params(path: str, abstract_params):
           item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
       return restored["state"]["params"]
   raise UserError(f"no checkpoint under {path!r}; point --config.init_from at a workdir or its checkpoints/")
+
+
+LOCK = "run.lock"
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # someone else's process: alive
+    pass
+  return True
+
+
+class WorkdirLock:
+  """One writer per workdir: `workdir/run.lock`, flock'ed for as long as the run lives and holding its pid.
+
+  The kernel drops an flock when its process ends however it ends (SIGKILL included), so a lock whose pid is
+  gone is free to take; its pid is left in the file (never deleted: deleting races with a starting run) and
+  taken over with a note. On a file system without flock the pid alone decides (a live pid holds the lock).
+  A context manager; UserError naming the other pid when the workdir is in use."""
+
+  def __init__(self, workdir: str, note=lambda line: print(line, file=sys.stderr, flush=True)):
+    self.path = os.path.join(workdir, LOCK)
+    self.note = note
+    self._fd = None
+
+  def __enter__(self):
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    previous = os.read(fd, 256).decode("utf-8", "replace").split()
+    pid = int(previous[0]) if previous and previous[0].isdigit() else None
+    host = previous[1] if len(previous) > 1 else ""
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      held = False
+    except OSError as e:
+      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        held = True
+      else:  # no flock here (some network file systems): a live pid on this host holds the lock
+        held = pid is not None and host == socket.gethostname() and _alive(pid) and pid != os.getpid()
+    if held:
+      os.close(fd)
+      where = f" on {host}" if host and host != socket.gethostname() else ""
+      raise UserError(f"workdir {os.path.dirname(self.path)!r} is in use by another run (pid {pid}{where}; "
+                      f"{self.path}); wait for it to end, stop it, or use another --workdir")
+    if pid is not None and pid != os.getpid():
+      self.note(f"note: took over {self.path} from pid {pid}{' on ' + host if host else ''}, which ended without "
+                "releasing it (killed or crashed)")
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+    os.fsync(fd)
+    self._fd = fd
+    return self
+
+  def __exit__(self, *exc):
+    if self._fd is not None:
+      os.ftruncate(self._fd, 0)  # a clean end: nothing to take over
+      fcntl.flock(self._fd, fcntl.LOCK_UN)
+      os.close(self._fd)
+      self._fd = None

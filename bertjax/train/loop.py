@@ -4,6 +4,7 @@ Setup -> mesh -> data -> model and state (resumed, initialized from weights, or 
 train, log, eval, checkpoint. Only process 0 writes logs; every process runs the same JAX code.
 """
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -16,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from bertjax.core import config as config_lib, runtime, sharding
-from bertjax.core.errors import UserError
+from bertjax.core import config as config_lib, runtime, sharding, supervisor
+from bertjax.core.errors import RestartableError, UserError
 from bertjax.core.metrics import finalize, sum_metrics
 from bertjax.data import instances, pipeline
 from bertjax.model import flops
@@ -80,8 +81,16 @@ def manifest(config, tokenizer, mesh, model: Pretrainer) -> dict:
               mesh=dict(mesh.shape), networks=model.networks)
 
 
+# Nested keys that may change too: how hard to check the data, and the watchdog's patience.
+RESUMABLE_NESTED = (("data", "verify"), ("runtime", "step_timeout_s"))
+
+
 def _comparable(config_dict: dict) -> dict:
-  return {k: v for k, v in config_dict.items() if k not in RESUMABLE_KEYS}
+  out = {k: v for k, v in config_dict.items() if k not in RESUMABLE_KEYS}
+  for section, key in RESUMABLE_NESTED:
+    if isinstance(out.get(section), dict):
+      out[section] = {k: v for k, v in out[section].items() if k != key}
+  return out
 
 
 def check_workdir(config, workdir: str) -> bool:
@@ -179,7 +188,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, overridd
   old_handler = signal.getsignal(signal.SIGTERM)
   try:
     source = _init_source(config.init_from)
-    return _train_and_evaluate(source.resolve(config, overridden) if source else config, workdir)
+    with contextlib.ExitStack() as held:  # the workdir's lock, released however the run ends
+      return _train_and_evaluate(source.resolve(config, overridden) if source else config, workdir, held)
   finally:
     try:
       signal.signal(signal.SIGTERM, old_handler)
@@ -187,7 +197,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, overridd
       pass
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: contextlib.ExitStack):
   # ---------------------------------------------------------------- Setup
   build.validate(config)
   replace = check_workdir(config, workdir)
@@ -216,6 +226,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   if len({d.tokenizer.fingerprint for d in datasets.values()}) > 1:
     raise UserError("the phases' data were made with different tokenizers; prepare them with one "
                     "(python -m bertjax.data.prepare with the phased config writes every seq_len with the same)")
+  # One writer per workdir: a second run stops here, naming the first, before it writes anything (and a run
+  # whose input is bad, stopped above, has not touched the workdir at all).
+  if proc == 0 and "://" not in workdir:
+    held.enter_context(checkpoint.WorkdirLock(workdir))
   claim_workdir(config, workdir, replace)  # only now: a bad input must leave an existing workdir as it was
   writer = MetricWriter(workdir, enabled=proc == 0)
   for seq_len, data in datasets.items():
@@ -267,56 +281,76 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   preemption = _Preemption()
   t_start = time.time()
   bad_in_a_row, prev_skipped = 0, None
-  for phase in plan[current.index:]:
-    pc = phase.config
-    if phase is not current:  # new shapes: the steps are rebuilt (and recompiled) for them
-      steps, current = build.make_steps(pc, mesh, tok.special), phase
-    data = datasets[pc.seq_len]
-    tokens_per_step = pc.batch_size * pc.seq_len
-    flops_per_token = flops.model_train_flops_per_token(
-        steps.model, pc.seq_len, steps.cfg.masking.max_predictions, steps.cfg.masking.max_shuffled)
-    writer.info(f"{describe_phase(phase, len(plan))}; {flops_per_token / 1e6:.1f} MFLOPs/token (train)")
-    pending, t_log, step_log = [], time.time(), max(start, phase.start)
-    for step in range(max(start, phase.start), phase.end):
-      host = pipeline.batch_at(data.train, step - phase.start, pc.batch_size, config.seed, proc, n_proc)
-      state, metrics = steps.train(state, global_batch(host, steps.batch_sharding))
-      pending.append(metrics)  # stays on device until the next log (fetching every step halves speed)
-      done = step + 1
-      # Non-finite guard: read the previous step's flag (already computed, so no pipeline stall).
-      if prev_skipped is not None:
-        bad_in_a_row = bad_in_a_row + 1 if float(prev_skipped) > 0 else 0
-      prev_skipped = metrics["skipped"].value
-      if bad_in_a_row >= config.max_nonfinite_steps:
-        save(done)
-        ckpt.close()
-        raise UserError(f"stopped at step {done}: {bad_in_a_row} steps in a row had a non-finite loss or gradient "
-                        f"norm (updates skipped; the last good state is saved in {ckpt.directory}); lower the "
-                        "learning rate, check the data, or use float32")
-      last = done == phase.end  # a phase ends with a log, an eval and a checkpoint (resume at the boundary)
-      if done % config.log_every == 0 or last:
-        summed = functools.reduce(sum_metrics, pending)
-        values = {f"train/{k}": v for k, v in finalize(jax.device_get(summed)).items()}  # skipped: a Sum
-        dt = time.time() - t_log
-        values["lr"] = float(steps.schedule(done - 1))
-        values["tokens_per_sec"] = (done - step_log) * tokens_per_step / dt
-        if peak:
-          values["mfu"] = values["tokens_per_sec"] * flops_per_token / peak
-        values["phase"], values["seq_len"] = phase.index + 1, pc.seq_len
-        writer.write(done, values)
-        writer.progress(done, config.total_steps, values, time.time() - t_start, done - start)
-        pending, t_log, step_log = [], time.time(), done
-      if done % config.eval_every == 0 or last:
-        evaluate(done, phase, data)
-      if done % config.checkpoint_every == 0 or last:
-        save(done)
-      # SIGTERM here, or another host's (jax's multi-host preemption sync point, via orbax): save and stop.
-      if preemption.requested or ckpt.manager.reached_preemption(done):
-        if done % config.checkpoint_every and not last:
+  beacon = runtime.ProgressBeacon()  # multi-process: which peer a timed-out collective waited for
+  step = start
+  try:
+    for phase in plan[current.index:]:
+      pc = phase.config
+      if phase is not current:  # new shapes: the steps are rebuilt (and recompiled) for them
+        steps, current = build.make_steps(pc, mesh, tok.special), phase
+      data = datasets[pc.seq_len]
+      tokens_per_step = pc.batch_size * pc.seq_len
+      flops_per_token = flops.model_train_flops_per_token(
+          steps.model, pc.seq_len, steps.cfg.masking.max_predictions, steps.cfg.masking.max_shuffled)
+      writer.info(f"{describe_phase(phase, len(plan))}; {flops_per_token / 1e6:.1f} MFLOPs/token (train)")
+      pending, t_log, step_log = [], time.time(), max(start, phase.start)
+      for step in range(max(start, phase.start), phase.end):
+        beacon.step = step
+        host = pipeline.batch_at(data.train, step - phase.start, pc.batch_size, config.seed, proc, n_proc)
+        state, metrics = steps.train(state, global_batch(host, steps.batch_sharding))
+        pending.append(metrics)  # stays on device until the next log (fetching every step halves speed)
+        done = step + 1
+        # Non-finite guard: read the previous step's flag (already computed, so no pipeline stall).
+        if prev_skipped is not None:
+          bad_in_a_row = bad_in_a_row + 1 if float(prev_skipped) > 0 else 0
+        prev_skipped = metrics["skipped"].value
+        if bad_in_a_row >= config.max_nonfinite_steps:
           save(done)
-        ckpt.close()
-        writer.info(f"preempted: saved step {done} in {ckpt.directory}; run the same command to resume")
-        writer.close()
-        return state
-  ckpt.close()
+          ckpt.close()
+          raise UserError(f"stopped at step {done}: {bad_in_a_row} steps in a row had a non-finite loss or gradient "
+                          f"norm (updates skipped; the last good state is saved in {ckpt.directory}); lower the "
+                          "learning rate, check the data, or use float32")
+        last = done == phase.end  # a phase ends with a log, an eval and a checkpoint (resume at the boundary)
+        if done % config.log_every == 0 or last:
+          summed = functools.reduce(sum_metrics, pending)
+          values = {f"train/{k}": v for k, v in finalize(jax.device_get(summed)).items()}  # skipped: a Sum
+          dt = time.time() - t_log
+          values["lr"] = float(steps.schedule(done - 1))
+          values["tokens_per_sec"] = (done - step_log) * tokens_per_step / dt
+          if peak:
+            values["mfu"] = values["tokens_per_sec"] * flops_per_token / peak
+          values["phase"], values["seq_len"] = phase.index + 1, pc.seq_len
+          writer.write(done, values)
+          writer.progress(done, config.total_steps, values, time.time() - t_start, done - start)
+          pending, t_log, step_log = [], time.time(), done
+        if done % config.eval_every == 0 or last:
+          evaluate(done, phase, data)
+        if done % config.checkpoint_every == 0 or last:
+          save(done)
+        # SIGTERM here, or another host's (jax's multi-host preemption sync point, via orbax): save and stop.
+        if preemption.requested or ckpt.manager.reached_preemption(done):
+          if done % config.checkpoint_every and not last:
+            save(done)
+          ckpt.close()
+          writer.info(f"preempted: saved step {done} in {ckpt.directory}; run the same command to resume")
+          writer.close()
+          return state
+    ckpt.close()  # the last async save lands (or fails) here, inside the handler below
+  except Exception as e:
+    if checkpoint.is_disk_full(e):
+      latest = supervisor.last_checkpoint([f"--workdir={workdir}"])
+      raise UserError(f"the disk is full: a checkpoint write in {ckpt.directory} failed ({checkpoint.is_disk_full(e)}, "
+                      f"noticed at step {step + 1});"
+                      f"{latest} free space (or lower --config.keep_checkpoints) and run the same command to "
+                      "resume") from None
+    if n_proc > 1 and runtime.is_collective_timeout(e):  # XLA:CPU's collective timeout (bertjax.core.runtime)
+      raise RestartableError(
+          f"at step {step + 1}: a collective waited more than {runtime.configured_timeout():.0f}s "
+          f"(--config.runtime.step_timeout_s) for {beacon.suspects()} of {n_proc}, which stopped or hangs, so "
+          f"process {proc} stopped;{supervisor.last_checkpoint([f'--workdir={workdir}'])} start the job again (the same "
+          "command on every process) to resume") from None
+    raise
+  finally:
+    beacon.close()
   writer.close()
   return state
