@@ -205,3 +205,85 @@ def test_post_processing_picks_the_best_valid_span_over_windows():
   preds, nbest, odds = post.predict([q], _windows(offsets, max_ctx), start, end, 5, 1, False, 0.0)
   # One-token answers from the top 5: "dd" (0 + 6), "bb" (5 + 0), then "aa" and "cc" (0 + 0); no null in v1.1.
   assert [x["text"] for x in nbest["q"]] == ["dd", "bb", "aa", "cc"] and preds["q"] == "dd" and odds == {}
+
+
+def _tiny_squad(directory, n_train, n_eval, version):
+  """Generated SQuAD files: "What color is the NOUN?" over contexts naming a few nouns' colors; under
+  v2.0 a third of the questions ask about a noun the context does not name (unanswerable)."""
+  import random
+
+  rng = random.Random(0)
+  nouns = ["car", "house", "bird", "boat", "door", "hat", "cup", "kite", "lamp", "book"]
+  colors = ["red", "blue", "green", "yellow", "black", "white"]
+
+  def article(n, prefix):
+    paragraphs = []
+    for i in range(n):
+      named = rng.sample(nouns, 4)
+      context = " ".join(f"The {x} is {rng.choice(colors)}." for x in named)
+      target = rng.choice(nouns if version == "2.0" else named)
+      answer = context.split(f"The {target} is ")[1].split(".")[0] if target in named else None
+      qa = {"id": f"{prefix}{i}", "question": f"What color is the {target}?",
+            "answers": [{"text": answer, "answer_start": context.index(f"The {target} is ") + len(f"The {target} is ")}]
+            if answer else []}
+      if version == "2.0":
+        qa["is_impossible"] = answer is None
+      paragraphs.append({"context": context, "qas": [qa]})
+    return [{"title": prefix, "paragraphs": paragraphs}]
+
+  names = {"2.0": ("train-v2.0.json", "dev-v2.0.json"), "1.1": ("train-v1.1.json", "dev-v1.1.json")}[version]
+  for name, n, prefix in ((names[0], n_train, "t"), (names[1], n_eval, "e")):
+    with open(os.path.join(directory, name), "w") as f:
+      json.dump({"version": version, "data": article(n, prefix)}, f)
+  words = set(" ".join(nouns + colors + ["the is what color ? ."]).split())
+  return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(words)
+
+
+def _tiny_checkpoint(tmp_path, vocab):
+  """A randomly initialized micro BERT written as an HF checkpoint with a WordPiece vocab of `vocab`."""
+  from bertjax.data.tokenizer import load_tokenizer
+  from bertjax.interop import convert
+
+  from conftest import micro
+
+  (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  pre = micro("configs/bert.py:tiny")
+  pre.model.vocab_size = len(vocab)
+  ckpt = str(tmp_path / "hf")
+  convert.write_hf(pre, convert.init_params(pre, seed=0), ckpt, load_tokenizer(f"wordpiece:{tmp_path / 'vocab.txt'}"))
+  return ckpt
+
+
+@pytest.mark.parametrize("version", ["2.0", "1.1"])
+def test_finetune_writes_predictions_scored_as_the_official_scripts_score_them(tmp_path, capsys, version):
+  from bertjax.finetune import train
+
+  from conftest import load_config
+
+  data = tmp_path / "data"
+  data.mkdir()
+  ckpt = _tiny_checkpoint(tmp_path, _tiny_squad(str(data), 120, 40, version))
+  config = load_config(f"configs/finetune.py:squad{version[0]}")
+  config.task.source, config.init.checkpoint = f"json:{data}", ckpt
+  config.seq_len, config.task.doc_stride, config.task.max_query_length = 32, 8, 8  # several windows a context
+  config.seeds, config.total_steps, config.batch_size, config.learning_rate = 1, 60, 16, 2e-3
+  config.model.dropout = config.model.attention_dropout = 0.0
+  results = train.finetune(config, str(tmp_path / "ft"))
+  out = capsys.readouterr().out
+  assert out.splitlines()[0].startswith(f"squad v{version}: 120 train questions -> ")
+  assert "training answers unrecoverable from the tokens" in out.splitlines()[0] and "post-processing: 40" in out
+  seed = tmp_path / "ft" / "seed_0"
+  preds = json.load(open(seed / "predictions.json"))
+  nbest = json.load(open(seed / "nbest_predictions.json"))
+  assert sorted(preds) == sorted(f"e{i}" for i in range(40)) and set(nbest) == set(preds)
+  assert set(nbest["e0"][0]) == {"text", "probability", "start_logit", "end_logit"}
+  name = {"2.0": "dev-v2.0.json", "1.1": "dev-v1.1.json"}[version]
+  odds = seed / "null_odds.json"
+  assert odds.exists() == (version == "2.0")
+  official = ev.score_files(str(data / name), str(seed / "predictions.json"), str(odds) if odds.exists() else "")
+  got = results["per_seed"][0]
+  assert got == pytest.approx(official), (got, official)
+  keys = ("exact", "f1", "best_f1") if version == "2.0" else ("exact_match", "f1")
+  assert set(keys) <= set(got) and json.load(open(tmp_path / "ft" / "results.json"))["per_seed"] == [got]
+  # The micro model starts learning in 60 steps (~35-60 F1); wrong labels or misaligned offsets give < 10.
+  assert got["f1"] > 25, got

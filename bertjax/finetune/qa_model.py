@@ -19,7 +19,9 @@ ANSWERABLE_WEIGHT = 0.5  # electra configure_finetuning.py answerable_weight
 
 class SpanQA(nn.Module):
   """Start and end logits per token (BertForQuestionAnswering's `qa_outputs`: one dense layer H -> 2 on
-  every final hidden state, no dropout before it, no pooler).
+  every final hidden state, no dropout before it, no pooler): outputs [B, S, 2], or [B, S, 3] with the
+  answerable head, whose logit is repeated along the sequence in channel 2 (one array, so the trainer's
+  batching and padding handle it like the span logits; read it at position 0).
 
   With answerable_head (ELECTRA's SQuAD 2.0 head, electra finetune/qa/qa_tasks.py): the [CLS] state and
   the start-probability-weighted sum of hidden states, dense(512) + GELU, dense -> 1: the logit that the
@@ -31,32 +33,31 @@ class SpanQA(nn.Module):
   answerable_head: bool = False
 
   @nn.compact
-  def __call__(self, input_ids, type_ids, groups) -> dict:
+  def __call__(self, input_ids, type_ids, groups) -> jax.Array:
     c = self.cfg
     x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic)
     hidden = Encoder(c, self.deterministic, name="encoder")(x, groups)
     logits = dense(c, c.hidden_size, 2, (sh.EMBED, None), "qa_outputs")(hidden).astype(jnp.float32)
-    out = dict(start_logits=logits[..., 0], end_logits=logits[..., 1])
     if self.answerable_head:
-      p = jax.nn.softmax(out["start_logits"], axis=-1)
+      p = jax.nn.softmax(logits[..., 0], axis=-1)
       start_feature = jnp.einsum("bl,blh->bh", p.astype(hidden.dtype), hidden)
       h = jnp.concatenate([hidden[:, 0], start_feature], -1)
       h = activation(c, dense(c, 2 * c.hidden_size, ANSWERABLE_HIDDEN, (sh.EMBED, None), "answerable_dense")(h))
       logit = dense(c, ANSWERABLE_HIDDEN, 1, (None, None), "answerable")(h)
-      out["answerable_logit"] = logit[:, 0].astype(jnp.float32)
-    return out
+      logit = jnp.broadcast_to(logit.astype(jnp.float32)[:, None, :], logits.shape[:2] + (1,))
+      logits = jnp.concatenate([logits, logit], -1)
+    return logits
 
 
-def loss(out: dict, batch: dict) -> jax.Array:
-  """Mean over weighted rows of (start CE + end CE) / 2 (BertForQuestionAnswering's total_loss), plus
-  0.5 x the sigmoid CE of the answerable logit against is_impossible when that head is on."""
+def loss(outputs: jax.Array, batch: dict) -> jax.Array:
+  """Per-row loss [B]: (start CE + end CE) / 2 (BertForQuestionAnswering's total_loss), plus 0.5 x the
+  sigmoid CE of the answerable logit against is_impossible when that head is on (outputs [B, S, 3]).
+  Padding positions stay in the softmax, as in BERT and transformers (their logits learn to be low)."""
   ce = optax.softmax_cross_entropy_with_integer_labels
-  per = (ce(out["start_logits"], batch["start_position"]) + ce(out["end_logits"], batch["end_position"])) / 2
-  if "answerable_logit" in out:
-    per = per + ANSWERABLE_WEIGHT * optax.sigmoid_binary_cross_entropy(out["answerable_logit"],
-                                                                         batch["is_impossible"])
-  w = batch.get("example_weight", jnp.ones_like(per))
-  return (per * w).sum() / jnp.maximum(w.sum(), 1.0)
+  per = (ce(outputs[..., 0], batch["start_position"]) + ce(outputs[..., 1], batch["end_position"])) / 2
+  if outputs.shape[-1] == 3:
+    per = per + ANSWERABLE_WEIGHT * optax.sigmoid_binary_cross_entropy(outputs[:, 0, 2], batch["is_impossible"])
+  return per
 
 
 @functools.lru_cache(maxsize=4)

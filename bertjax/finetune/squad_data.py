@@ -115,20 +115,24 @@ def read_split(task, train: bool) -> tuple[list, list]:
                   "(tfds:squad/v2.0)")
 
 
-def subsample(questions: list, data: list, n: int, seed: int) -> tuple[list, list]:
-  """A fixed random subset of n questions (all when n is 0 or too large), with `data` cut to just them
-  (so the scorer counts exactly the questions that were predicted)."""
-  if not n or n >= len(questions):
-    return questions, data
-  import numpy as np
-
-  idx = np.sort(np.random.default_rng(seed).choice(len(questions), n, replace=False))
-  keep = [questions[i] for i in idx]
-  wanted = {q.qid for q in keep}
+def restrict(data: list, questions: list) -> list:
+  """A SQuAD `data` list cut to `questions` (so the scorer counts exactly the questions predicted)."""
+  wanted = {q.qid for q in questions}
   cut = []
   for article in data:
     paras = [dict(p, qas=[qa for qa in p["qas"] if qa["id"] in wanted]) for p in article["paragraphs"]]
     paras = [p for p in paras if p["qas"]]
     if paras:
       cut.append(dict(article, paragraphs=paras))
-  return keep, cut
+  return cut
+
+
+def subsample(questions: list, data: list, n: int, seed: int) -> tuple[list, list]:
+  """A fixed random subset of n questions (all when n is 0 or too large), with `data` cut to just them."""
+  if not n or n >= len(questions):
+    return questions, data
+  import numpy as np
+
+  idx = np.sort(np.random.default_rng(seed).choice(len(questions), n, replace=False))
+  keep = [questions[i] for i in idx]
+  return keep, restrict(data, keep)

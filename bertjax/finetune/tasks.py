@@ -15,6 +15,7 @@ from bertjax.errors import UserError
 # kind -> module. A new family adds one line here (its module provides the functions of docs/finetune_tasks.md).
 KINDS = {
     "classification": "bertjax.finetune.classification",
+    "squad": "bertjax.finetune.squad",
 }
 DEFAULT_KIND = "classification"  # configs written before task.kind existed are classification runs
 
