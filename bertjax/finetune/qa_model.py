@@ -31,6 +31,7 @@ class SpanQA(nn.Module):
   cfg: EncoderConfig
   deterministic: bool = True
   answerable_head: bool = False
+  settings: tuple = ()  # (key, value) pairs of the SQuAD settings it is trained with, saved with the model
 
   @nn.compact
   def __call__(self, input_ids, type_ids, groups) -> jax.Array:

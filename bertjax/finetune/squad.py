@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from bertjax.errors import UserError
-from bertjax.finetune import qa_model, squad_data, squad_eval, squad_features, squad_post
+from bertjax.finetune import qa_io, qa_model, squad_data, squad_eval, squad_features, squad_post
 from bertjax.finetune.tasks import TOKEN_FIELDS, TaskData
 
 OUTPUT_POSITION_AXIS = 1  # outputs are [B, S, 2 (3)]: span logits along the sequence
@@ -60,6 +60,11 @@ def prepare(config, loaded) -> TaskData:
   t, tok = config.task, loaded.tokenizer
   squad_features.check_lengths(config.seq_len, t.max_query_length, t.doc_stride,
                                squad_features.num_special(squad_features.template(tok)))
+  if not loaded.config.data.get("tokenizer"):  # a saved model (save_model) must find its tokenizer again
+    loaded.config.data.tokenizer = tok.spec()
+  head = qa_io.read_head(config.init.checkpoint)  # an HF *ForQuestionAnswering starts from its own span head
+  if head is not None:
+    loaded.params.update(head)
   train_q, _, train_drop = _questions(config, True)
   eval_q, eval_data, eval_drop = _questions(config, False)
   tw = squad_features.build(train_q, tok, config.seq_len, t.doc_stride, t.max_query_length)
@@ -84,10 +89,15 @@ def prepare(config, loaded) -> TaskData:
       token_fields=TOKEN_FIELDS)
 
 
+SETTINGS = ("version", "doc_stride", "max_query_length", "n_best_size", "max_answer_length",
+            "null_score_diff_threshold")  # what a saved model answers with (qa_io.answer)
+
+
 def model(config, cfg, data: TaskData, deterministic: bool) -> qa_model.SpanQA:
-  """The span model over the encoder `cfg`."""
-  del config
-  return qa_model.SpanQA(cfg, deterministic=deterministic, answerable_head=data.model["answerable_head"])
+  """The span model over the encoder `cfg` (carrying the task settings a saved model answers with)."""
+  settings = tuple((k, config.task[k]) for k in SETTINGS) + (("seq_len", config.seq_len),)
+  return qa_model.SpanQA(cfg, deterministic=deterministic, answerable_head=data.model["answerable_head"],
+                         settings=settings)
 
 
 def init_params(model, rng, loaded) -> tuple[dict, list]:
@@ -104,11 +114,7 @@ def answers(outputs: np.ndarray, extra: dict, task) -> tuple[dict, dict, dict, f
   """(predictions, nbest, null odds, seconds) from the eval windows' outputs [N, S, 2 (3)]."""
   t0 = time.time()
   v2 = task.version == "2.0"
-  start, end = outputs[..., 0], outputs[..., 1]
-  if outputs.shape[-1] == 3:  # answerable head: its logit is the null score of the window (see docs/squad.md)
-    start = start.copy()
-    start[:, 0], end = outputs[:, 0, 2], end.copy()
-    end[:, 0] = 0.0
+  start, end = squad_post.span_logits(outputs)
   preds, nbest, odds = squad_post.predict(extra["questions"], extra["windows"], start, end, task.n_best_size,
                                           task.max_answer_length, v2, task.null_score_diff_threshold)
   return preds, nbest, odds, time.time() - t0
@@ -137,3 +143,8 @@ def evaluate(outputs, data: TaskData, config, seed_dir: str) -> dict:
           f"tuned on this eval set: best_exact {out['best_exact']:.2f} (thresh {out['best_exact_thresh']:.3f}), "
           f"best_f1 {out['best_f1']:.2f} (thresh {out['best_f1_thresh']:.3f})", flush=True)
   return {k: float(v) for k, v in out.items()}
+
+
+def save_model(directory: str, run_config, model, params) -> None:
+  """A seed's fine-tuned SpanQA (qa_io.load_model reads it; `qa_io answer` and `qa_io export` use it)."""
+  qa_io.save_model(directory, run_config, model, params)

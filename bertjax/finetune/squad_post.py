@@ -12,6 +12,17 @@ def _softmax(x: np.ndarray) -> np.ndarray:
   return e / e.sum()
 
 
+def span_logits(outputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(start, end) [N, S] of SpanQA outputs [N, S, 2 (3)]. With the answerable head (channel 2) its logit
+  becomes each window's null score: start[:, 0] = that logit and end[:, 0] = 0, so that null odds are the
+  head's log-odds of "no answer" minus the best span's score (ELECTRA's head replaces the [CLS] score)."""
+  start, end = outputs[..., 0], outputs[..., 1]
+  if outputs.shape[-1] == 3:
+    start, end = start.copy(), end.copy()
+    start[:, 0], end[:, 0] = outputs[:, 0, 2], 0.0
+  return start, end
+
+
 def question_nbest(context: str, start: np.ndarray, end: np.ndarray, offsets: np.ndarray, max_ctx: np.ndarray,
                    n_best: int, max_answer_length: int, v2: bool) -> tuple[list, float]:
   """(n-best entries, null score) of one question from its windows' logits.
