@@ -27,7 +27,8 @@ ARCH = {"bert": "BertForQuestionAnswering", "roberta": "RobertaForQuestionAnswer
 
 def read_head(hf_dir: str) -> dict | None:
   """{"qa_outputs": {"kernel" [H, 2], "bias" [2]}} of an HF *ForQuestionAnswering directory, else None."""
-  if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+  is_hf = os.path.isfile(os.path.join(hf_dir, "config.json")) and not os.path.isdir(os.path.join(hf_dir, "checkpoints"))
+  if not is_hf:  # a bertjax workdir (pretraining run or import) has no span head
     return None
   tensors = safetensors_io.read_dir(hf_dir)
   if "qa_outputs.weight" not in tensors:

@@ -15,11 +15,15 @@ from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig, activation
 
 ANSWERABLE_HIDDEN = 512  # google-research/electra qa_tasks.py: dense(512, gelu) before the answerable logit
 ANSWERABLE_WEIGHT = 0.5  # electra configure_finetuning.py answerable_weight
+# Span logits of padding positions. bertjax's encoder lets padding attend nowhere (its group mask) while
+# transformers lets it attend to the real tokens, so padding logits would differ between the two for no
+# reason; no answer can start or end there, so both are kept out of the softmax instead.
+PADDING_LOGIT = -10000.0
 
 
 class SpanQA(nn.Module):
   """Start and end logits per token (BertForQuestionAnswering's `qa_outputs`: one dense layer H -> 2 on
-  every final hidden state, no dropout before it, no pooler): outputs [B, S, 2], or [B, S, 3] with the
+  every final hidden state, no dropout before it, no pooler; padding positions set to PADDING_LOGIT): outputs [B, S, 2], or [B, S, 3] with the
   answerable head, whose logit is repeated along the sequence in channel 2 (one array, so the trainer's
   batching and padding handle it like the span logits; read it at position 0).
 
@@ -39,6 +43,7 @@ class SpanQA(nn.Module):
     x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic)
     hidden = Encoder(c, self.deterministic, name="encoder")(x, groups)
     logits = dense(c, c.hidden_size, 2, (sh.EMBED, None), "qa_outputs")(hidden).astype(jnp.float32)
+    logits = jnp.where(groups[..., None] > 0, logits, PADDING_LOGIT)
     if self.answerable_head:
       p = jax.nn.softmax(logits[..., 0], axis=-1)
       start_feature = jnp.einsum("bl,blh->bh", p.astype(hidden.dtype), hidden)
@@ -53,7 +58,7 @@ class SpanQA(nn.Module):
 def loss(outputs: jax.Array, batch: dict) -> jax.Array:
   """Per-row loss [B]: (start CE + end CE) / 2 (BertForQuestionAnswering's total_loss), plus 0.5 x the
   sigmoid CE of the answerable logit against is_impossible when that head is on (outputs [B, S, 3]).
-  Padding positions stay in the softmax, as in BERT and transformers (their logits learn to be low)."""
+  Padding positions are out of the softmax (PADDING_LOGIT); BERT and transformers leave them in."""
   ce = optax.softmax_cross_entropy_with_integer_labels
   per = (ce(outputs[..., 0], batch["start_position"]) + ce(outputs[..., 1], batch["end_position"])) / 2
   if outputs.shape[-1] == 3:

@@ -6,6 +6,7 @@ Its parts: `squad_data` reads the questions, `squad_features` cuts them into lab
 them with the official definitions. This module wires them to the trainer's calls.
 """
 
+import json
 import os
 import time
 
@@ -15,6 +16,7 @@ from bertjax.errors import UserError
 from bertjax.finetune import qa_io, qa_model, squad_data, squad_eval, squad_features, squad_post
 from bertjax.finetune.tasks import TOKEN_FIELDS, TaskData
 
+EVAL_DATA = "eval_data.json"  # in seed_S/ when only part of the eval file is scored
 OUTPUT_POSITION_AXIS = 1  # outputs are [B, S, 2 (3)]: span logits along the sequence
 VERSIONS = ("1.1", "2.0")
 
@@ -85,7 +87,8 @@ def prepare(config, loaded) -> TaskData:
                 unrecoverable_answers=len(tw.unrecoverable), answers_outside_windows=len(tw.outside),
                 unanswerable_dropped=train_drop + eval_drop, version=t.version),
       model=dict(answerable_head=bool(t.answerable_head)),
-      extra=dict(questions=eval_q, windows=ew, data=eval_data),
+      extra=dict(questions=eval_q, windows=ew, data=eval_data,
+                 subset=bool(t.max_eval_examples) or bool(eval_drop)),
       token_fields=TOKEN_FIELDS)
 
 
@@ -131,10 +134,14 @@ def score(preds: dict, odds: dict, data: list, task) -> dict:
 
 def evaluate(outputs, data: TaskData, config, seed_dir: str) -> dict:
   """Post-processes the eval windows, writes seed_dir/predictions.json, nbest_predictions.json (and
-  null_odds.json for v2.0), prints the post-processing time and returns the official figures."""
+  null_odds.json for v2.0; eval_data.json, the scored questions, when only a subset is), prints the post-processing time and returns the official figures."""
   task = config.task
   preds, nbest, odds, seconds = answers(np.asarray(outputs, np.float32), data.extra, task)
   squad_post.write(seed_dir, preds, nbest, odds)
+  if data.extra["subset"]:  # the scored questions as a SQuAD file, so the official scripts can re-score them
+    with open(os.path.join(seed_dir, EVAL_DATA), "w", encoding="utf-8") as f:
+      json.dump({"version": "v2.0" if task.version == "2.0" else "1.1", "data": data.extra["data"]}, f,
+                ensure_ascii=False)
   out = score(preds, odds, data.extra["data"], task)
   print(f"post-processing: {len(preds)} questions, {len(data.extra['windows'].question)} windows in {seconds:.2f}s; "
         f"wrote {os.path.join(seed_dir, 'predictions.json')}", flush=True)
