@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.finetune import squad_data, squad_eval as ev, squad_features as sf, squad_post as post
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -241,8 +241,8 @@ def _tiny_squad(directory, n_train, n_eval, version):
 
 def _tiny_checkpoint(tmp_path, vocab):
   """A randomly initialized micro BERT written as an HF checkpoint with a WordPiece vocab of `vocab`."""
-  from bertjax.data.tokenizer import load_tokenizer
-  from bertjax.interop import convert
+  from bertjax.data.tokenizer_spec import load_tokenizer
+  from bertjax.hf import convert
 
   from conftest import micro
 

@@ -18,9 +18,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import config as config_lib
+from bertjax.model import config as model_config
 from bertjax.finetune import qa_model, train as ft
-from bertjax.interop import convert, weights as W
+from bertjax.hf import convert, weights as W
 from conftest import load_config, micro
 from test_finetune_parity import FLOOR, LOSS_RTOL, PARAM_TOL, SPECIAL, STEPS, random_params
 
@@ -68,7 +68,7 @@ def test_squad_steps_match_bert_for_question_answering(tmp_path):
 
   config = load_config("configs/finetune.py:squad2")
   config.learning_rate = 3e-4  # large enough that 20 steps move the loss visibly
-  enc = config_lib.encoder_config(pre.model)
+  enc = model_config.encoder_config(pre.model)
   model = qa_model.SpanQA(enc, deterministic=False)
   params, fresh = qa_model.init_params(model, jax.random.key(3), pretrained)
   assert fresh == ["qa_outputs"]

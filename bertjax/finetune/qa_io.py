@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import sharding as sh
-from bertjax.errors import UserError
-from bertjax.interop import configs as hf_configs, convert, safetensors_io, tokenizers as hf_tokenizers, weights as W
+from bertjax.core import sharding as sh
+from bertjax.core.errors import UserError
+from bertjax.hf import configs as hf_configs, convert, safetensors_io, tokenizers as hf_tokenizers, weights as W
 from bertjax.finetune.qa_model import SpanQA
 
 QA_FILE = "qa.json"  # beside a saved model's config.json: the head and the task settings it was trained with
@@ -39,13 +39,13 @@ def read_head(hf_dir: str) -> dict | None:
 
 def read_hf(hf_dir: str) -> tuple:
   """(run config, SpanQA, params, tokenizer) of an HF *ForQuestionAnswering checkpoint."""
-  from bertjax import config as config_lib
+  from bertjax.model import config as model_config
 
   head = read_head(hf_dir)
   if head is None:
     raise UserError(f"{hf_dir} has no qa_outputs; give a *ForQuestionAnswering checkpoint")
   imp = convert.read_hf(hf_dir)
-  model = SpanQA(config_lib.encoder_config(imp.config.model), deterministic=True)
+  model = SpanQA(model_config.encoder_config(imp.config.model), deterministic=True)
   params = {"embeddings": imp.params["embeddings"], "encoder": imp.params["encoder"], **head}
   return imp.config, model, jax.tree.map(jnp.asarray, params), imp.tokenizer
 
@@ -74,7 +74,7 @@ def save_model(directory: str, run_config, model: SpanQA, params) -> None:
   """Writes a fine-tuned SpanQA: config.json (its encoder's run config, whose data.tokenizer names the
   tokenizer), the params checkpoint, and qa.json (answerable head; the window and post-processing
   settings it was trained with)."""
-  from bertjax.interop import workdir as wd
+  from bertjax.hf import workdir as wd
 
   head = dict(answerable_head=model.answerable_head, **dict(model.settings))
   wd.write(directory, run_config, params, dict(head=head))
@@ -84,8 +84,9 @@ def save_model(directory: str, run_config, model: SpanQA, params) -> None:
 
 def load_model(directory: str) -> tuple:
   """(run config, SpanQA, params, tokenizer, qa.json settings) of a model written by `save_model`."""
-  from bertjax import checkpoint, config as config_lib
-  from bertjax.interop import workdir as wd
+  from bertjax.model import config as model_config
+  from bertjax.train import checkpoint
+  from bertjax.hf import workdir as wd
 
   path = os.path.join(directory, QA_FILE)
   if not os.path.isfile(path):
@@ -94,7 +95,7 @@ def load_model(directory: str) -> tuple:
   with open(path) as f:
     head = json.load(f)
   run_config = wd.load_config(directory)
-  model = SpanQA(config_lib.encoder_config(run_config.model), deterministic=True,
+  model = SpanQA(model_config.encoder_config(run_config.model), deterministic=True,
                  answerable_head=head["answerable_head"])
   ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
   shapes = sh.strip_boxes(jax.eval_shape(lambda r, i: model.init({"params": r}, i, i, i)["params"],
@@ -162,7 +163,7 @@ def main(argv: list) -> int:
 
 
 if __name__ == "__main__":
-  from bertjax import runtime
+  from bertjax.core import runtime
 
   runtime.setup()
   sys.exit(main(sys.argv[1:]))

@@ -9,8 +9,8 @@ import numpy as np
 import optax
 from flax import linen as nn
 
-from bertjax import sharding as sh
-from bertjax.errors import UserError
+from bertjax.core import sharding as sh
+from bertjax.core.errors import UserError
 from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig, activation, dense
 
 ANSWERABLE_HIDDEN = 512  # google-research/electra qa_tasks.py: dense(512, gelu) before the answerable logit

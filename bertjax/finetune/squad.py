@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.finetune import qa_io, qa_model, squad_data, squad_eval, squad_features, squad_post
 from bertjax.finetune.tasks import TOKEN_FIELDS, TaskData
 

@@ -6,7 +6,7 @@ import json
 import os
 
 from bertjax.data import sources
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 
 # The official file names of each version (task.train_file / task.eval_file default to these).
 FILES = {"squad1": ("train-v1.1.json", "dev-v1.1.json"), "squad2": ("train-v2.0.json", "dev-v2.0.json")}

@@ -16,7 +16,7 @@ import re
 import string
 import sys
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)

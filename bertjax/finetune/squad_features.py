@@ -10,7 +10,7 @@ import dataclasses
 
 import numpy as np
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.finetune.squad_eval import normalize_answer
 
 
