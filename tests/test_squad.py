@@ -98,6 +98,30 @@ def test_malformed_squad_files_name_the_file_and_question(tmp_path, defect, mess
   assert "dev-v2.0.json" in str(e.value)
 
 
+def test_tfds_squad_is_read_as_glue_tfds_is(monkeypatch):
+  """squad/v2.0 through tfds's random-access reader (no TensorFlow), rebuilt as SQuAD data for the scorer."""
+  import types
+
+  from conftest import load_config
+
+  calls = []
+  ctx = b"Paris is in France."
+  examples = [dict(id=b"a", title=b"T", context=ctx, question=b"Where?", is_impossible=False,
+                   answers=dict(text=[b"France"], answer_start=[12])),
+              dict(id=b"b", title=b"T", context=ctx, question=b"Who?", is_impossible=True,
+                   answers=dict(text=[], answer_start=[]))]
+  fake = types.ModuleType("tensorflow_datasets")
+  fake.data_source = lambda name, split, data_dir: calls.append((name, split)) or examples
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+  task = load_config("configs/finetune.py:squad2").task
+  task.source = "tfds:squad/v2.0"
+  qs, data = squad_data.read_split(task, train=False)
+  assert calls == [("squad/v2.0", "validation")] and "tensorflow" not in sys.modules
+  assert [(q.qid, q.answers, q.answer_start, q.is_impossible) for q in qs] == [("a", ("France",), 12, False),
+                                                                              ("b", (), -1, True)]
+  assert ev.evaluate_v2(data, {"a": "France", "b": ""})["exact"] == 100.0
+
+
 def _tokenizers(tmp_path):
   """One tokenizer of each kind SQuAD windows must read offsets from: WordPiece (the MiniLM checkpoint's
   tokenizer.json), byte-level BPE and SentencePiece trained here on a few sentences."""
@@ -268,6 +292,7 @@ def test_finetune_writes_predictions_scored_as_the_official_scripts_score_them(t
   config.seq_len, config.task.doc_stride, config.task.max_query_length = 32, 8, 8  # several windows a context
   config.seeds, config.total_steps, config.batch_size, config.learning_rate = 1, 60, 16, 2e-3
   config.model.dropout = config.model.attention_dropout = 0.0
+  config.save_model = version == "2.0"
   results = train.finetune(config, str(tmp_path / "ft"))
   out = capsys.readouterr().out
   assert out.splitlines()[0].startswith(f"squad v{version}: 120 train questions -> ")
@@ -287,3 +312,57 @@ def test_finetune_writes_predictions_scored_as_the_official_scripts_score_them(t
   assert set(keys) <= set(got) and json.load(open(tmp_path / "ft" / "results.json"))["per_seed"] == [got]
   # The micro model starts learning in 60 steps (~35-60 F1); wrong labels or misaligned offsets give < 10.
   assert got["f1"] > 25, got
+  if version == "2.0":
+    _saved_model_answers_and_exports(tmp_path, capsys)
+
+
+def _saved_model_answers_and_exports(tmp_path, capsys):
+  """The seed's saved model answers a question through the CLI and exports as BertForQuestionAnswering."""
+  from bertjax.finetune import qa_io
+
+  saved = str(tmp_path / "ft" / "seed_0" / "model")
+  context = "The car is red. The hat is blue. The cup is green. The door is white."
+  assert qa_io.main(["answer", f"--model={saved}", "--question=What color is the hat?", f"--context={context}"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert set(out) == {"answer", "null_odds", "nbest"} and out["answer"] in [x["text"] for x in out["nbest"]] + [""]
+  assert all(x["text"] in context for x in out["nbest"])
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  assert qa_io.main(["export", f"--model={saved}", f"--out={tmp_path / 'export'}"]) == 0
+  theirs = transformers.AutoModelForQuestionAnswering.from_pretrained(str(tmp_path / "export")).eval()
+  _, model, params, tok, _ = qa_io.load_model(saved)
+  ids, _ = tok.encode_offsets(context)
+  ids = np.asarray([[tok.special.cls, *ids, tok.special.sep]])
+  ours = np.asarray(model.apply({"params": params}, ids, np.zeros_like(ids), np.ones_like(ids)))
+  with torch.no_grad():
+    ref = theirs(torch.tensor(ids))
+  assert np.abs(ours[0, :, 0] - ref.start_logits[0].numpy()).max() < 1e-4
+  assert np.abs(ours[0, :, 1] - ref.end_logits[0].numpy()).max() < 1e-4
+
+
+def test_answerable_head_adds_electras_classifier_and_its_loss():
+  import jax
+
+  from bertjax.finetune import qa_model
+  from bertjax.model import config as model_config
+
+  from conftest import micro
+
+  enc = model_config.encoder_config(micro("configs/electra.py:tiny").model)
+  model = qa_model.SpanQA(enc, answerable_head=True)
+  ids = np.array([[2, 7, 8, 3, 9, 10, 3, 0]], np.int32)
+  groups = (ids > 0).astype(np.int32)
+  from bertjax.core import sharding as sh
+
+  params = sh.strip_boxes(model.init({"params": jax.random.key(0)}, ids, np.zeros_like(ids), groups)["params"])
+  assert params["answerable_dense"]["kernel"].shape == (2 * enc.hidden_size, qa_model.ANSWERABLE_HIDDEN)
+  out = np.asarray(model.apply({"params": params}, ids, np.zeros_like(ids), groups))
+  assert out.shape == (1, 8, 3) and np.all(out[0, :, 2] == out[0, 0, 2])  # one logit per window
+  assert np.all(out[0, 7, :2] == qa_model.PADDING_LOGIT)
+  batch = dict(start_position=np.array([4]), end_position=np.array([5]), is_impossible=np.array([0.0], np.float32))
+  span_only = float(qa_model.loss(out[..., :2], batch)[0])
+  logit = float(out[0, 0, 2])
+  bce = np.log1p(np.exp(logit))  # sigmoid CE against label 0 (the window has the answer)
+  assert float(qa_model.loss(out, batch)[0]) == pytest.approx(span_only + 0.5 * bce, rel=1e-5)
+  start, end = post.span_logits(out)
+  assert start[0, 0] == logit and end[0, 0] == 0.0  # the head's logit is the window's null score

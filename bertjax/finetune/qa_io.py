@@ -112,8 +112,8 @@ def answer(model: SpanQA, params, tokenizer, question: str, context: str, settin
   with its n-best list: the SQuAD windows and post-processing of training, for one question."""
   from bertjax.finetune import squad_data, squad_features, squad_post
 
-  s = dict(version="2.0", doc_stride=128, max_query_length=64, n_best_size=20, max_answer_length=30,
-           null_score_diff_threshold=0.0, seq_len=384, **(settings or {}))
+  s = {**dict(version="2.0", doc_stride=128, max_query_length=64, n_best_size=20, max_answer_length=30,
+              null_score_diff_threshold=0.0, seq_len=384), **(settings or {})}  # run_squad.py's defaults
   q = squad_data.Question("q", question, context, (), -1, True)
   w = squad_features.build([q], tokenizer, s["seq_len"], s["doc_stride"], s["max_query_length"])
   a = w.arrays
@@ -134,7 +134,7 @@ def main(argv: list) -> int:
   p.add_argument("--hf_dir", default="", help="answer: an HF *ForQuestionAnswering checkpoint instead")
   p.add_argument("--question", default="")
   p.add_argument("--context", default="")
-  p.add_argument("--seq_len", type=int, default=384)
+  p.add_argument("--seq_len", type=int, default=0, help="window length (0: the model's own, else 384)")
   p.add_argument("--out", default="", help="export: the directory to write")
   args = p.parse_args(argv)
   try:
@@ -154,7 +154,9 @@ def main(argv: list) -> int:
       raise UserError("answer needs --question and --context")
     if tok is None:
       raise UserError("the model has no tokenizer files")
-    result = answer(model, params, tok, args.question, args.context, dict(settings, seq_len=args.seq_len))
+    if args.seq_len:
+      settings = dict(settings, seq_len=args.seq_len)
+    result = answer(model, params, tok, args.question, args.context, settings)
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
