@@ -35,7 +35,10 @@ TFDS_LABELS = {"mnli": ("entailment", "neutral", "contradiction")}
 
 
 def get_config(arg: str = "sst2"):
-  """`arg`: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte), or `tiny` (sst2's shape, CPU-sized run)."""
+  """`arg`: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte), `tiny` (sst2's shape, CPU-sized run), or
+  squad1 / squad2 (extractive QA, below)."""
+  if arg in SQUAD_VERSIONS:
+    return squad_config(arg)
   task = "sst2" if arg == "tiny" else arg
   if task not in TASKS:
     raise ValueError(f"unknown task {arg!r}; use one of {', '.join(TASKS)} or tiny")
@@ -61,6 +64,7 @@ def get_config(arg: str = "sst2"):
   c.save_model = False  # write each seed's fine-tuned model to WORKDIR/seed_S/model (what bertjax.compress.prune reads)
   # Task.
   c.task = dict(
+      kind="classification",  # task family (bertjax.finetune.tasks.KINDS); span and token tasks have their own
       name=task,
       source="",  # tsv:DIR (GLUE layout: DIR/train.tsv, DIR/<eval_file>) | tfds:glue/NAME
       text_a=a, text_b=b, label=label,  # TSV columns (header names, or indexes when header=False)
@@ -100,4 +104,42 @@ def get_config(arg: str = "sst2"):
   if arg == "tiny":  # CPU smoke size: short sequences, few steps, one seed
     c.seeds, c.batch_size, c.seq_len, c.total_steps, c.learning_rate = 1, 32, 64, 200, 1e-3
     c.log_every, c.eval_batch_size = 50, 128
+  return c
+
+
+# ---------------------------------------------------------------- SQuAD (extractive QA, issue #32)
+# python -m bertjax.finetune --config=configs/finetune.py:squad2 --config.init.checkpoint=CKPT \
+#     --config.task.source=json:DIR --workdir=W      (DIR/train-v2.0.json, DIR/dev-v2.0.json; docs/squad.md)
+SQUAD_VERSIONS = {"squad1": "1.1", "squad2": "2.0"}
+SQUAD_FILES = {"squad1": ("train-v1.1.json", "dev-v1.1.json"), "squad2": ("train-v2.0.json", "dev-v2.0.json")}
+
+
+def squad_config(arg: str):
+  """SQuAD v1.1 (`squad1`) or v2.0 (`squad2`): the shared run, init, model and optimizer sections of the
+  GLUE config with the BERT paper's SQuAD recipe (§4.2/4.3: lr 5e-5, batch 32 and 3 epochs for v1.1,
+  batch 48 and 2 epochs for v2.0; run_squad.py: seq 384, stride 128, question 64, n-best 20, answer 30)."""
+  c = get_config("sst2")
+  version = SQUAD_VERSIONS[arg]
+  c.batch_size, c.epochs = (32, 3.0) if version == "1.1" else (48, 2.0)  # BERT paper §4.2 / §4.3
+  c.learning_rate = 5e-5  # BERT paper §4.2 / §4.3
+  c.seq_len = 384  # run_squad.py max_seq_length
+  c.log_every = 100
+  train_file, eval_file = SQUAD_FILES[arg]
+  c.task = dict(
+      kind="squad",  # bertjax.finetune.squad
+      name=arg,
+      version=version,  # 1.1: every question answered, exact_match/f1 | 2.0: unanswerable ones, null odds
+      source="",  # json:DIR (DIR/train_file, DIR/eval_file) | tfds:squad/v1.1 | tfds:squad/v2.0
+      train_file=train_file,  # json: the official names
+      eval_file=eval_file,
+      eval_split="validation",  # tfds
+      doc_stride=128,  # run_squad.py: tokens between window starts
+      max_query_length=64,  # run_squad.py: questions are cut to this many tokens
+      n_best_size=20,  # run_squad.py: start and end candidates per window, and answers kept in nbest
+      max_answer_length=30,  # run_squad.py: tokens
+      null_score_diff_threshold=0.0,  # v2.0: answer "" when null odds exceed this (run_squad.py's flag)
+      answerable_head=False,  # v2.0: ELECTRA's answerable classifier (its logit becomes the null score)
+      max_train_examples=0,  # questions; 0: all, else a fixed random subset (seeded by `seed`)
+      max_eval_examples=0,
+  )
   return c

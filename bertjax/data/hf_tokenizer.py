@@ -116,6 +116,29 @@ class HFTokenizer(Tokenizer):
     text = text.replace("[MASK]", self.tokens["mask"])
     return self._tok.encode(text, add_special_tokens=False).ids
 
+  def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+    enc = self._tok.encode(text, add_special_tokens=False)  # offsets are characters of the original text
+    return np.asarray(enc.ids, np.int32), np.asarray(enc.offsets, np.int32).reshape(-1, 2)
+
+  def pair_template(self) -> dict:
+    """The checkpoint's pair template: the special tokens around segments A and B with their type ids,
+    {"prefix", "middle", "suffix": (ids, type_ids), "a_type", "b_type": int} ([CLS] A [SEP] B [SEP] for
+    BERT, <s> A </s></s> B </s> for RoBERTa)."""
+    a, b = (self._tok.encode(t, add_special_tokens=False) for t in ("a", "b"))
+    out = self._tok.post_process(a, b, add_special_tokens=True)
+    # The non-special tokens are A's then B's (sequence_ids are not kept by post_process, the mask is).
+    seg = iter([0] * len(a.ids) + [1] * len(b.ids))
+    parts, seg_type, part = ([], [], []), {}, 0
+    for tok_id, type_id, special in zip(out.ids, out.type_ids, out.special_tokens_mask):
+      if special:
+        parts[part].append((tok_id, type_id))
+      else:
+        s = next(seg)
+        part, seg_type[s] = s + 1, type_id  # after A comes the middle, after B the suffix
+    split = lambda p: ([i for i, _ in p], [t for _, t in p])
+    return dict(prefix=split(parts[0]), middle=split(parts[1]), suffix=split(parts[2]), a_type=seg_type[0],
+                b_type=seg_type[1])
+
   def encode_pair(self, a: str, b: str | None, max_len: int) -> tuple[list, list]:
     """(ids, type_ids) of one example with the checkpoint's own template ([CLS] A [SEP] B [SEP], or
     RoBERTa's <s> A </s></s> B </s>), truncating the longer segment first to fit `max_len`."""

