@@ -1,0 +1,172 @@
+"""Sequence tagging: conlleval metrics against seqeval on random and malformed tags in every scheme, scheme
+detection, CoNLL reading and its one-line errors, and windowed first-subword features."""
+
+import random
+
+import numpy as np
+import pytest
+
+from bertjax.errors import UserError
+from bertjax.finetune import tag_data, tag_metrics
+from conftest import load_config
+
+seqeval = pytest.importorskip("seqeval.metrics")
+TYPES = ("PER", "LOC", "ORG")
+
+
+def _random_tags(rng, scheme: str, n: int) -> list:
+  """A sentence's tags drawn freely from the scheme's alphabet: well-formed or not, by chance."""
+  prefixes = {"iob1": "BI", "iob2": "BI", "bioes": "BIES"}[scheme]
+  return ["O" if rng.random() < 0.4 else f"{rng.choice(prefixes)}-{rng.choice(TYPES)}" for _ in range(n)]
+
+
+def _well_formed(rng, scheme: str, n: int) -> list:
+  """Proper tags of random entities in `scheme` (IOB1: B- only between adjacent same-type entities)."""
+  tags, prev = [], None
+  i = 0
+  while i < n:
+    if rng.random() < 0.4:
+      tags.append("O")
+      prev, i = None, i + 1
+      continue
+    kind, length = rng.choice(TYPES), min(rng.randint(1, 3), n - i)
+    if scheme == "iob2":
+      tags += [f"B-{kind}"] + [f"I-{kind}"] * (length - 1)
+    elif scheme == "iob1":
+      tags += [f"{'B' if prev == kind else 'I'}-{kind}"] + [f"I-{kind}"] * (length - 1)
+    else:
+      tags += [f"S-{kind}"] if length == 1 else [f"B-{kind}"] + [f"I-{kind}"] * (length - 2) + [f"E-{kind}"]
+    prev, i = kind, i + length
+  return tags
+
+
+def _assert_matches_seqeval(gold, pred):
+  ours = tag_metrics.score(gold, pred)
+  assert ours["f1"] == pytest.approx(seqeval.f1_score(gold, pred), abs=1e-12)
+  assert ours["precision"] == pytest.approx(seqeval.precision_score(gold, pred), abs=1e-12)
+  assert ours["recall"] == pytest.approx(seqeval.recall_score(gold, pred), abs=1e-12)
+  assert ours["accuracy"] == pytest.approx(seqeval.accuracy_score(gold, pred), abs=1e-12)
+  report = seqeval.classification_report(gold, pred, output_dict=True, zero_division=0)
+  for kind, values in ours["per_type"].items():
+    theirs = report[kind]
+    assert (values["precision"], values["recall"], values["f1"], values["support"]) == pytest.approx(
+        (theirs["precision"], theirs["recall"], theirs["f1-score"], theirs["support"])), kind
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("scheme", ["iob1", "iob2", "bioes"])
+def test_entity_scores_equal_seqeval_on_random_and_malformed_tags(scheme):
+  rng = random.Random(scheme)
+  for trial in range(40):
+    lengths = [rng.randint(1, 12) for _ in range(rng.randint(1, 6))]
+    gold = [_well_formed(rng, scheme, n) for n in lengths]
+    # Predictions: a noisy copy of gold (most trials) or free draws from the alphabet (malformed).
+    if trial % 2:
+      pred = [_random_tags(rng, scheme, n) for n in lengths]
+    else:
+      pred = [[t if rng.random() < 0.8 else rng.choice(_random_tags(rng, scheme, 3)) for t in s] for s in gold]
+    _assert_matches_seqeval(gold, pred)
+    _assert_matches_seqeval([_random_tags(rng, scheme, n) for n in lengths], pred)  # malformed gold too
+
+
+def test_the_traps_are_scored_as_conlleval_scores_them():
+  # I- with no B- starts an entity; a type change inside a run splits it; IOB1's B- separates two
+  # adjacent same-type entities; BIOES E- then I- starts anew.
+  cases = [["O", "I-PER", "I-PER", "O"], ["B-PER", "I-LOC", "I-LOC"], ["I-PER", "B-PER", "I-PER"],
+           ["B-PER", "E-PER", "I-PER"], ["S-LOC", "E-LOC"], ["I-ORG"]]
+  assert tag_metrics.entities(cases[0]) == [("PER", 1, 2)]
+  assert tag_metrics.entities(cases[1]) == [("PER", 0, 0), ("LOC", 1, 2)]
+  assert tag_metrics.entities(cases[2]) == [("PER", 0, 0), ("PER", 1, 2)]
+  assert tag_metrics.entities(cases[3]) == [("PER", 0, 1), ("PER", 2, 2)]
+  _assert_matches_seqeval(cases, [list(reversed(c)) for c in cases])
+  perfect = tag_metrics.score(cases, cases)
+  assert perfect["f1"] == perfect["accuracy"] == 1.0
+  none = tag_metrics.score([["NN", "VB"]], [["NN", "NN"]], scheme="none")
+  assert none["f1"] == none["accuracy"] == 0.5
+
+
+def test_scheme_detection():
+  assert tag_metrics.detect_scheme([["B-PER", "I-PER", "O", "B-LOC"]]) == "iob2"
+  assert tag_metrics.detect_scheme([["I-PER", "I-PER", "O", "B-LOC"]]) == "iob1"  # I- opening an entity
+  assert tag_metrics.detect_scheme([["B-PER", "I-LOC"]]) == "iob1"  # I- after another type
+  assert tag_metrics.detect_scheme([["B-PER", "E-PER", "S-LOC"]]) == "bioes"
+  assert tag_metrics.detect_scheme([["NN", "VBZ", "O"]]) == "none"  # POS tags
+  assert tag_metrics.continuation_tag("B-PER", "iob2") == "I-PER" == tag_metrics.continuation_tag("S-PER", "bioes")
+
+
+def _task(**kw):
+  task = load_config("configs/finetune.py:sst2").task  # any task section; the tagging keys are added here
+  task.update(dict(token_column=0, tag_column=-1, strip_token_prefix="", train_file="train.txt",
+                   eval_file="dev.txt"))
+  for k, v in kw.items():
+    task[k] = v
+  return task
+
+
+def test_conll_reader_breaks_skips_and_strips(tmp_path):
+  path = tmp_path / "train.txt"
+  path.write_text("-DOCSTART- -X- O\n\nen:EU NNP B-ORG\nen:rejects VBZ O\n\t\n"
+                  "en:Peter NNP B-PER\nen:Blackburn\ufeff NNP I-PER\n  \n\ufeff\n")
+  s = tag_data.read_conll(str(path), _task(strip_token_prefix="en:"))
+  assert s.words == [["EU", "rejects"], ["Peter", "Blackburn"]]
+  assert s.tags == [["B-ORG", "O"], ["B-PER", "I-PER"]] and s.lines == [[3, 4], [6, 7]]
+  pos = tag_data.read_conll(str(path), _task(tag_column=1))
+  assert pos.tags[0] == ["NNP", "VBZ"]
+
+
+@pytest.mark.parametrize("content,line", [("a O\nb B-X extra\n", 2), ("", 1), ("\n\n-DOCSTART- O\n", 1)])
+def test_conll_reader_errors_name_file_and_line(tmp_path, content, line):
+  path = tmp_path / "train.txt"
+  path.write_text(content)
+  with pytest.raises(UserError, match=f"{path}:{line}: "):
+    tag_data.read_conll(str(path), _task())
+
+
+def test_an_eval_tag_training_never_saw_is_an_error(tmp_path):
+  (tmp_path / "train.txt").write_text("a B-X\nb O\n")
+  (tmp_path / "dev.txt").write_text("a B-X\n\nc O\nd B-Y\n")
+  task = _task(source=f"conll:{tmp_path}")
+  train, dev = tag_data.read_split(task, True), tag_data.read_split(task, False)
+  labels = tag_data.label_set(train)
+  assert labels == ["B-X", "O"]
+  with pytest.raises(UserError, match=r"dev.txt:4: tag 'B-Y' never occurs"):
+    tag_data.check_tags(dev, labels, train.path)
+
+
+class _CharTokenizer:
+  """Every character a subword (ids 10 + ord % 50), so a word's piece count is its length."""
+
+  class special:
+    pad, unk, cls, sep, mask = 0, 1, 2, 3, 4
+
+  def encode(self, text):
+    return np.array([10 + ord(c) % 50 for c in text], np.int32), None
+
+
+def test_long_sentences_are_windowed_and_every_word_scored_once():
+  words = [["ab", "c", "defg", "h", "ij", "klm", "n", "op", "q", "rstu"], ["x", "yz"]]
+  tags = [["B-X", "I-X", "O", "B-Y", "O", "O", "B-X", "O", "O", "I-Y"], ["O", "B-X"]]
+  s = tag_data.Sentences(words, tags, [], "mem")
+  labels = tag_data.label_set(s)
+  arrays = tag_data.encode(s, _CharTokenizer(), labels, seq_len=10, stride=3, scheme="iob2")
+  n_tokens = sum(len(w) for w in words[0])  # 22 subwords, 8 per window
+  assert tag_data.window_starts(n_tokens, 8, 3) == [0, 3, 6, 9, 12, 15]
+  assert (arrays["sentence"] == [0] * 6 + [1]).all()
+  assert arrays["input_ids"].shape == (7, 10) and (arrays["input_ids"][:, 0] == 2).all()
+  assert arrays["groups"][-1].tolist() == [1] * 5 + [0] * 5  # [CLS] x y z [SEP]
+  # Loss on first subwords only; the metric reads each word once, from its best-centred window.
+  first_of_sentence0 = np.cumsum([0] + [len(w) for w in words[0]])[:-1]  # global first-subword offsets
+  for r, start in enumerate([0, 3, 6, 9, 12, 15]):
+    cols = np.nonzero(arrays["tag_weight"][r])[0]
+    assert (cols - 1 + start).tolist() == [p for p in first_of_sentence0 if start <= p < start + 8]
+  assert arrays["scored"].sum() == sum(len(w) for w in words)
+  predicted = np.where(arrays["scored"], arrays["tag"], -5)
+  back = tag_data.word_predictions(arrays, predicted, s)
+  assert [[labels[i] for i in p] for p in back] == tags
+  # label_all_subwords: continuation pieces count in the loss with I- tags; scoring is unchanged.
+  labels2 = list(labels)
+  all_sub = tag_data.encode(s, _CharTokenizer(), labels2, 10, 3, "iob2", label_all_subwords=True)
+  assert (all_sub["scored"] == arrays["scored"]).all() and "I-Y" in labels2
+  k = np.nonzero((all_sub["word"][0] == 0))[0]  # "ab": B-X then I-X
+  assert [labels2[i] for i in all_sub["tag"][0, k]] == ["B-X", "I-X"]
+  assert (all_sub["tag_weight"][0, k] == 1).all()
