@@ -230,6 +230,21 @@ def _network(config, params, family: str, generator: bool, special: SpecialIds):
     arch = ARCHITECTURES[(family, sentence)]
   hf = configs.to_hf(config, family, arch, special, generator=generator)
   prefix = W.PREFIX[family]
+  if family == "electra":
+    entries = W.mlm_head("electra", "generator_mlm") if generator else W.rtd_head()
+  else:
+    entries = W.mlm_head(family)
+    if sentence:
+      entries += W.sentence_head(family, prefix)
+  tensors = encoder_tensors(config, params, family, special, generator)
+  tensors.update(W.export_tensors(entries, params))
+  return hf, tensors
+
+
+def encoder_tensors(config, params, family: str, special: SpecialIds, generator: bool = False) -> dict:
+  """HF tensors of one network's embeddings and layers (under `bert.` etc.), what every HF class of the
+  family shares: pretraining heads, and fine-tuning's *ForTokenClassification and *ForMultipleChoice."""
+  prefix = W.PREFIX[family]
   enc = config_lib.encoder_config(config.model, generator=generator)
   scope = "generator_encoder" if generator else "encoder"
   if family == "distilbert":  # no segment embeddings; layers under transformer.layer.{i}
@@ -239,12 +254,6 @@ def _network(config, params, family: str, generator: bool, special: SpecialIds):
     entries = W.embeddings(prefix) + _body(family, config, prefix, scope, generator)
   if family == "albert" and enc.embedding_size == enc.hidden_size:
     entries = [e for e in entries if not e.path.startswith("encoder/embedding_projection")]
-  if family == "electra":
-    entries += W.mlm_head("electra", "generator_mlm") if generator else W.rtd_head()
-  else:
-    entries += W.mlm_head(family)
-    if sentence:
-      entries += W.sentence_head(family, prefix)
   tensors = W.export_tensors(entries, params)
   if family == "albert" and enc.embedding_size == enc.hidden_size:
     name = prefix + "encoder.embedding_hidden_mapping_in"
@@ -253,7 +262,7 @@ def _network(config, params, family: str, generator: bool, special: SpecialIds):
   if family == "roberta":
     key = prefix + "embeddings.position_embeddings.weight"
     tensors[key] = _shift_positions(tensors[key], config.model.position_offset - (special.pad + 1))
-  return hf, tensors
+  return tensors
 
 
 def _write_tokenizer(tok: Tokenizer | None, out_dir: str):
