@@ -61,6 +61,7 @@ def get_config(arg: str = "sst2"):
   c.save_model = False  # write each seed's fine-tuned model to WORKDIR/seed_S/model (what bertjax.heads reads)
   # Task.
   c.task = dict(
+      kind="classification",  # task family (bertjax.finetune.tasks.KINDS); span and token tasks have their own
       name=task,
       source="",  # tsv:DIR (GLUE layout: DIR/train.tsv, DIR/<eval_file>) | tfds:glue/NAME
       text_a=a, text_b=b, label=label,  # TSV columns (header names, or indexes when header=False)

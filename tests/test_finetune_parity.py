@@ -98,7 +98,7 @@ def test_finetuning_steps_match_transformers(case, tmp_path):
   params, fresh = init_params(model, jax.random.key(3), pretrained, pooler)
   assert fresh == (["classifier", "transform"] if family == "electra" else ["classifier"])
   tx = ft.make_tx(config, params, enc, total, warmup)
-  step = jax.jit(functools.partial(ft.train_step, model=model, tx=tx, regression=n_out == 1))
+  step = jax.jit(functools.partial(ft.train_step, model=model, tx=tx))
   initial = jax.tree.map(np.asarray, params)
 
   cls = transformers.ElectraForSequenceClassification if family == "electra" else transformers.BertForSequenceClassification

@@ -20,11 +20,9 @@ import optax
 
 from bertjax import config as config_lib, inference, optim, quantize
 from bertjax.data import pipeline
-from bertjax.finetune import data as task_data, metrics as task_metrics
-from bertjax.finetune.model import (HEADS, MODEL_DIR, Classifier, init_params, layer_multipliers, save_model,
-                                    scale_by_tree)
+from bertjax.finetune import classification, metrics as task_metrics, tasks
+from bertjax.finetune.model import MODEL_DIR, layer_multipliers, scale_by_tree
 from bertjax.errors import UserError
-from bertjax.interop import configs as hf_configs
 from bertjax.metrics import MetricWriter
 
 
@@ -37,22 +35,18 @@ def _check(ok: bool, message: str):
 
 
 def validate(config):
-  """One-line errors for a fine-tuning config that cannot run."""
+  """One-line errors for a fine-tuning config that cannot run: the trainer's settings, then the task's."""
   _check(bool(config.init.checkpoint), "set --config.init.checkpoint to a bertjax workdir or an HF checkpoint dir")
-  _check(bool(config.task.source), "set --config.task.source to tsv:DIR (GLUE layout) or tfds:glue/NAME")
-  unknown = [m for m in config.task.metrics.split(",") if m not in task_metrics.REGISTRY]
-  _check(not unknown, f"unknown metrics {unknown}; use {', '.join(task_metrics.REGISTRY)}")
   _check(config.seeds >= 1, f"seeds={config.seeds} must be at least 1")
   _check(config.batch_size > 0 and config.eval_batch_size > 0, "batch sizes must be positive")
-  _check(config.seq_len >= 8, f"seq_len={config.seq_len} is too short for [CLS] A [SEP] B [SEP]; use >= 8")
   _check(0 < config.optimizer.layerwise_decay <= 1, "optimizer.layerwise_decay must be in (0, 1]")
   _check(config.model.get("quantize", "") in quantize.MODES,
          f"model.quantize={config.model.get('quantize')!r}; use int8 or leave it empty")
   _check(config.model.dtype in config_lib.DTYPES, f"model.dtype={config.model.dtype!r}; use float32 or bfloat16")
-  _check(config.model.head in ("auto",) + HEADS, f"model.head={config.model.head!r}; use auto, {', '.join(HEADS)}")
   _check(config.epoch_mode in EPOCH_MODES, f"epoch_mode={config.epoch_mode!r}; use one of {', '.join(EPOCH_MODES)}")
   _check(config.optimizer.schedule in optim.SCHEDULES,
          f"optimizer.schedule={config.optimizer.schedule!r}; use one of {', '.join(optim.SCHEDULES)}")
+  tasks.get(config).validate(config)
 
 
 def load_checkpoint(init) -> inference.Loaded:
@@ -120,23 +114,30 @@ def make_tx(config, params, cfg, total: int, warmup: int) -> optax.GradientTrans
   return tx
 
 
-def _loss(params, batch, rng, model, regression: bool, head_gates=None):
-  """The batch's mean task loss (padding rows weigh 0); `rng` None for a deterministic model, `head_gates`
-  [layers, heads] for bertjax.heads' importance."""
-  out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"], head_gates,
-                    rngs={"dropout": rng} if rng is not None else {})
+def batch_loss(params, batch, rng, model, task_loss, head_gates=None):
+  """The batch's mean task loss: the task's per-example losses weighted by example_weight (padding rows
+  weigh 0). `task_loss(outputs, batch)` returns per-example losses [B], or (numerator [B], denominator [B])
+  for a loss averaged over units other than examples (e.g. tokens). `rng` None for a deterministic model,
+  `head_gates` [layers, heads] for bertjax.heads' importance."""
+  out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"],
+                    *(() if head_gates is None else (head_gates,)), rngs={"dropout": rng} if rng is not None else {})
+  per = task_loss(out, batch)
+  num, den = per if isinstance(per, tuple) else (per, jnp.ones_like(per))
   w = batch["example_weight"]
-  if regression:
-    per = (out[:, 0] - batch["label"]) ** 2
-  else:
-    per = optax.softmax_cross_entropy_with_integer_labels(out, batch["label"])
-  return (per * w).sum() / jnp.maximum(w.sum(), 1.0)
+  return (num * w).sum() / jnp.maximum((den * w).sum(), 1.0)
 
 
-def train_step(params, opt_state, batch, seed, step, *, model, tx, regression: bool):
+def _loss(params, batch, rng, model, regression: bool, head_gates=None):
+  """The classification loss (bertjax.heads' importance scores its gradient); `regression` is implied by
+  the model's outputs and kept for the callers' signature."""
+  del regression
+  return batch_loss(params, batch, rng, model, classification.loss, head_gates)
+
+
+def train_step(params, opt_state, batch, seed, step, *, model, tx, task_loss=classification.loss):
   """One AdamW step; dropout randomness is fold_in(seed, step) (seed traced: one compile for all seeds)."""
   rng = jax.random.fold_in(jax.random.key(seed), step)
-  loss, grads = jax.value_and_grad(_loss)(params, batch, rng, model, regression)
+  loss, grads = jax.value_and_grad(batch_loss)(params, batch, rng, model, task_loss)
   updates, opt_state = tx.update(grads, opt_state, params)
   return optax.apply_updates(params, updates), opt_state, loss
 
@@ -147,7 +148,7 @@ def _predict_fn(model):
 
 
 def predict(params, arrays, model, batch_size: int) -> np.ndarray:
-  """Model outputs [N, C] over a whole split (padded final batch dropped again)."""
+  """Model outputs [N, ...] over a whole split (padded final batch dropped again)."""
   apply = _predict_fn(model)
   outs = []
   for b in pipeline.eval_batches(pipeline.ArrayRows(arrays), batch_size):
@@ -166,32 +167,30 @@ def evaluator(config, eval_model, arrays):
   return lambda params: predict(quantize.int8_params(q, params, ids, ids, ids + 1), arrays, q, config.eval_batch_size)
 
 
-def seed_start(config, seed: int, setup: dict) -> tuple[Classifier, dict]:
-  """(training model, starting params) of `seed`: the pretrained encoder (and pooler) and a head drawn from key(seed)."""
-  train_model = Classifier(setup["cfg"], setup["num_outputs"], config.model.classifier_dropout, deterministic=False,
-                           head=setup["head"])
-  return train_model, init_params(train_model, jax.random.key(seed), setup["pretrained"], setup["pooler"])[0]
+def seed_start(config, seed: int, setup: dict) -> tuple:
+  """(training model, starting params) of `seed`: the pretrained encoder (and whatever else the task
+  starts from the checkpoint) and a head drawn from key(seed)."""
+  task = setup["task"]
+  train_model = task.model(config, setup["cfg"], setup["data"], deterministic=False)
+  return train_model, task.init_params(train_model, jax.random.key(seed), setup["loaded"])[0]
 
 
 def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
-  """Fine-tunes once with `seed`; returns the final eval metrics (and writes them per step)."""
-  task, total, warmup = config.task, setup["total"], setup["warmup"]
-  cfg = setup["cfg"]
-  regression = setup["num_outputs"] == 1
-  names = task.metrics.split(",")
+  """Fine-tunes once with `seed`; returns the task's final eval metrics (and writes them per step)."""
+  task, total, warmup = setup["task"], setup["total"], setup["warmup"]
   train_model, params = seed_start(config, seed, setup)
   eval_model = train_model.clone(deterministic=True)
-  evaluate = evaluator(config, eval_model, setup["eval"])
+  outputs_of = evaluator(config, eval_model, setup["eval"])
   if config.model.quantize:  # QAT: int8 fake quantization of the encoder's matmuls, straight-through gradients
     train_model = quantize.qat(train_model)
-  tx = make_tx(config, params, cfg, total, warmup)
+  tx = make_tx(config, params, setup["cfg"], total, warmup)
   opt_state = tx.init(params)
   step_fn = setup.setdefault("step_fn", jax.jit(functools.partial(train_step, model=train_model, tx=tx,
-                                                                  regression=regression), donate_argnums=(0, 1)))
+                                                                  task_loss=task.loss), donate_argnums=(0, 1)))
   seed_dir = os.path.join(workdir, f"seed_{seed}")
   os.makedirs(seed_dir, exist_ok=True)
   writer = MetricWriter(seed_dir)
-  train, evals = setup["train"], setup["eval"]
+  train = setup["train"]
   losses, t0, t_log = [], time.time(), time.time()
   result = {}
   for step in range(total):
@@ -207,40 +206,29 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
       writer.progress(done, total, values, time.time() - t0, done)
       losses, t_log = [], time.time()
     if (config.eval_every and done % config.eval_every == 0) or done == total:
-      result = task_metrics.compute(names, evaluate(params), evals["label"])
+      result = task.evaluate(outputs_of(params), setup["data"], config, seed_dir)
       writer.write(done, {f"eval/{k}": v for k, v in result.items()})
   writer.close()
-  if config.save_model:
-    save_model(os.path.join(seed_dir, MODEL_DIR), setup["run_config"], eval_model, params)
+  if config.save_model and hasattr(task, "save_model"):
+    task.save_model(os.path.join(seed_dir, MODEL_DIR), setup["run_config"], eval_model, params)
   return result
 
 
 def prepare(config) -> dict:
-  """Everything the seeds share: checkpoint, encoder config, encoded splits, step counts."""
+  """Everything the seeds share: checkpoint, encoder config, the task's encoded splits, step counts."""
+  task = tasks.get(config)
   loaded = load_checkpoint(config.init)
   if loaded.tokenizer is None:
     raise UserError(f"{config.init.checkpoint} has no tokenizer; fine-tuning needs the checkpoint's own")
   cfg = encoder_config(config, loaded)
   _check(config.seq_len + cfg.position_offset <= cfg.max_positions,
          f"seq_len={config.seq_len} exceeds the checkpoint's {cfg.max_positions} positions; lower --config.seq_len")
-  task = config.task
-  train_ex = task_data.subsample(task_data.read_split(task, True), task.max_train_examples, config.seed)
-  eval_ex = task_data.subsample(task_data.read_split(task, False), task.max_eval_examples, config.seed)
-  labels = task_data.label_names(task)
-  total, warmup = step_counts(config, len(train_ex.a))
-  params = loaded.params
-  pooler = params.get("sentence", {}).get("pooler", loaded.pooler)
-  head = config.model.head
-  if head == "auto":
-    head = "electra" if hf_configs.family_for(loaded.config) == "electra" else "pooler"
+  data = task.prepare(config, loaded)
+  total, warmup = step_counts(config, len(data.train["input_ids"]))
   return dict(
-      cfg=cfg, num_outputs=len(labels) or 1, pretrained=params, pooler=pooler, total=total, warmup=min(warmup, total),
-      head=head, run_config=loaded.config,
-      train=task_data.encode(train_ex, loaded.tokenizer, config.seq_len),
-      eval=task_data.encode(eval_ex, loaded.tokenizer, config.seq_len),
-      info=dict(train_examples=len(train_ex.a), eval_examples=len(eval_ex.a), skipped_rows=train_ex.skipped + eval_ex.skipped,
-                tokenizer=loaded.tokenizer.spec(), head=head,
-                pooler="pretrained" if pooler is not None and head == "pooler" else "fresh",
+      task=task, data=data, loaded=loaded, cfg=cfg, total=total, warmup=min(warmup, total),
+      run_config=loaded.config, train=data.train, eval=data.eval,
+      info=dict(data.info, kind=tasks.kind_of(config), tokenizer=loaded.tokenizer.spec(),
                 model=dict(layers=cfg.num_layers, hidden=cfg.hidden_size, heads=cfg.num_heads)),
   )
 
@@ -254,9 +242,10 @@ def finetune(config, workdir: str) -> dict:
   t0 = time.time()
   setup = prepare(config)
   info = setup["info"]
+  extra = f"; pooler {info['pooler']}" if "pooler" in info else ""
   print(f"task {config.task.name}: {info['train_examples']} train / {info['eval_examples']} eval examples "
-        f"({info['skipped_rows']} rows skipped); {setup['total']} steps x batch {config.batch_size}; "
-        f"model {info['model']}; pooler {info['pooler']} [{time.time() - t0:.1f}s]", flush=True)
+        f"({info.get('skipped_rows', 0)} rows skipped); {setup['total']} steps x batch {config.batch_size}; "
+        f"model {info['model']}{extra} [{time.time() - t0:.1f}s]", flush=True)
   per_seed = []
   for s in range(config.seeds):
     per_seed.append(run_seed(config, config.seed + s, setup, workdir))

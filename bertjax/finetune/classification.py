@@ -1,0 +1,89 @@
+"""The classification task family (GLUE's shapes): sentence or sentence-pair classification, and regression
+(one output, MSE), as a task module of the fine-tuning trainer (the interface: bertjax.finetune.tasks).
+
+Its parts: `data` reads and encodes the TSV / tfds splits, `model` holds the Classifier heads, `metrics`
+GLUE's metrics. This module only wires them to the trainer's calls.
+"""
+
+import optax
+
+from bertjax.errors import UserError
+from bertjax.finetune import data as task_data, metrics as task_metrics, model as task_model
+from bertjax.finetune.tasks import TaskData
+from bertjax.interop import configs as hf_configs
+
+OUTPUT_POSITION_AXIS = None  # outputs are per example ([B, C]), no sequence axis to re-pad after length buckets
+
+
+def _check(ok: bool, message: str):
+  if not ok:
+    raise UserError(message)
+
+
+def validate(config):
+  """One-line errors for a classification task config that cannot run."""
+  _check(bool(config.task.source), "set --config.task.source to tsv:DIR (GLUE layout) or tfds:glue/NAME")
+  unknown = [m for m in config.task.metrics.split(",") if m not in task_metrics.REGISTRY]
+  _check(not unknown, f"unknown metrics {unknown}; use {', '.join(task_metrics.REGISTRY)}")
+  _check(config.seq_len >= 8, f"seq_len={config.seq_len} is too short for [CLS] A [SEP] B [SEP]; use >= 8")
+  heads = ("auto",) + task_model.HEADS
+  _check(config.model.head in heads, f"model.head={config.model.head!r}; use {', '.join(heads)}")
+
+
+def head_kind(config, loaded) -> str:
+  """The head to build: model.head, with auto -> electra for ELECTRA checkpoints, else BERT's pooler."""
+  if config.model.head != "auto":
+    return config.model.head
+  return "electra" if hf_configs.family_for(loaded.config) == "electra" else "pooler"
+
+
+def pretrained_pooler(loaded):
+  """The checkpoint's NSP/SOP pooler (a pretraining workdir's sentence head, or an import's), or None."""
+  return loaded.params.get("sentence", {}).get("pooler", loaded.pooler)
+
+
+def prepare(config, loaded) -> TaskData:
+  """Reads both splits (subsampled as task.max_*_examples say) and encodes them to seq_len with the
+  checkpoint's tokenizer: input_ids, type_ids, groups, label."""
+  task = config.task
+  train_ex = task_data.subsample(task_data.read_split(task, True), task.max_train_examples, config.seed)
+  eval_ex = task_data.subsample(task_data.read_split(task, False), task.max_eval_examples, config.seed)
+  head = head_kind(config, loaded)
+  pooler = pretrained_pooler(loaded)
+  return TaskData(
+      train=task_data.encode(train_ex, loaded.tokenizer, config.seq_len),
+      eval=task_data.encode(eval_ex, loaded.tokenizer, config.seq_len),
+      info=dict(train_examples=len(train_ex.a), eval_examples=len(eval_ex.a),
+                skipped_rows=train_ex.skipped + eval_ex.skipped, head=head,
+                pooler="pretrained" if pooler is not None and head == "pooler" else "fresh"),
+      model=dict(num_outputs=len(task_data.label_names(task)) or 1, head=head))
+
+
+def model(config, cfg, data: TaskData, deterministic: bool) -> task_model.Classifier:
+  """The Classifier over the encoder `cfg` (its head and outputs as `prepare` fixed them)."""
+  return task_model.Classifier(cfg, data.model["num_outputs"], config.model.classifier_dropout,
+                               deterministic=deterministic, head=data.model["head"])
+
+
+def init_params(model, rng, loaded) -> tuple[dict, list]:
+  """(params, names of the fresh parts): encoder and embeddings (and the pooler) pretrained, head from `rng`."""
+  return task_model.init_params(model, rng, loaded.params, pretrained_pooler(loaded))
+
+
+def loss(outputs, batch):
+  """Per-example loss [B]: squared error for one output (regression), else softmax cross-entropy."""
+  if outputs.shape[-1] == 1:
+    return (outputs[:, 0] - batch["label"]) ** 2
+  return optax.softmax_cross_entropy_with_integer_labels(outputs, batch["label"])
+
+
+def evaluate(outputs, data: TaskData, config, seed_dir: str) -> dict:
+  """task.metrics over the eval split's outputs [N, C] (writes no files)."""
+  del seed_dir
+  return task_metrics.compute(config.task.metrics.split(","), outputs, data.eval["label"])
+
+
+def save_model(directory: str, run_config, model, params) -> None:
+  """A seed's fine-tuned classifier, as bertjax.heads and model.load_model read it."""
+  task_model.save_model(directory, run_config, model, params)
+
