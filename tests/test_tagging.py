@@ -1,14 +1,15 @@
 """Sequence tagging: conlleval metrics against seqeval on random and malformed tags in every scheme, scheme
 detection, CoNLL reading and its one-line errors, and windowed first-subword features."""
 
+import os
 import random
 
 import numpy as np
 import pytest
 
 from bertjax.errors import UserError
-from bertjax.finetune import tag_data, tag_metrics
-from conftest import load_config
+from bertjax.finetune import tag_data, tag_metrics, tagging
+from conftest import REPO, load_config, micro
 
 seqeval = pytest.importorskip("seqeval.metrics")
 TYPES = ("PER", "LOC", "ORG")
@@ -170,3 +171,126 @@ def test_long_sentences_are_windowed_and_every_word_scored_once():
   k = np.nonzero((all_sub["word"][0] == 0))[0]  # "ab": B-X then I-X
   assert [labels2[i] for i in all_sub["tag"][0, k]] == ["B-X", "I-X"]
   assert (all_sub["tag_weight"][0, k] == 1).all()
+
+
+# ---------------------------------------------------------------- end to end through the trainer
+
+FIRST, LAST = ("anna", "bob", "carl", "dora"), ("smith", "jones", "lee")
+PLACES, OTHER = ("paris", "rome", "oslo"), ("the", "a", "went", "to", "saw", "cat", "dog", "big", "red", "and", "of")
+
+
+def _ner_files(directory, rng, n_train, n_eval):
+  """A generated NER task: first names B-PER, last names I-PER, places B-LOC (word identity decides, so a
+  random-init tiny model learns it); plural "cats"/"dogs" split into two subwords; some eval sentences are
+  longer than the window."""
+
+  def sentence(long=False):
+    words, tags = [], []
+    for _ in range(rng.randint(14, 20) if long else rng.randint(3, 8)):
+      r = rng.random()
+      if r < 0.2:
+        words += [rng.choice(FIRST), rng.choice(LAST)]
+        tags += ["B-PER", "I-PER"]
+      elif r < 0.35:
+        words.append(rng.choice(PLACES))
+        tags.append("B-LOC")
+      else:
+        words.append(rng.choice(OTHER) + ("s" if rng.random() < 0.2 else ""))
+        tags.append("O")
+    return words, tags
+
+  for name, n in (("train.txt", n_train), ("dev.txt", n_eval)):
+    with open(os.path.join(directory, name), "w") as f:
+      f.write("-DOCSTART- O\n\n")
+      for i in range(n):
+        words, tags = sentence(long=name == "dev.txt" and i % 5 == 0)
+        f.write("".join(f"{w} {t}\n" for w, t in zip(words, tags)) + "\n")
+  return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "##s"] + sorted(FIRST + LAST + PLACES + OTHER)
+
+
+def _tiny_checkpoint(tmp_path, vocab):
+  from bertjax.data.tokenizer import load_tokenizer
+  from bertjax.interop import convert
+
+  (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  pre = micro("configs/bert.py:tiny")
+  pre.model.vocab_size = len(vocab)
+  ckpt = str(tmp_path / "hf")
+  convert.write_hf(pre, convert.init_params(pre, seed=0), ckpt, load_tokenizer(f"wordpiece:{tmp_path / 'vocab.txt'}"))
+  return ckpt
+
+
+def test_tiny_model_learns_generated_ner_and_scores_every_word(tmp_path, capsys):
+  from bertjax.finetune import task_models, train
+
+  task_dir = tmp_path / "ner"
+  task_dir.mkdir()
+  vocab = _ner_files(str(task_dir), random.Random(0), 400, 40)
+  config = load_config("configs/finetune.py:ner")
+  config.init.checkpoint = _tiny_checkpoint(tmp_path, vocab)
+  config.task.source = f"conll:{task_dir}"
+  config.seeds, config.total_steps, config.seq_len, config.learning_rate = 1, 150, 24, 2e-3
+  config.model.dropout = config.model.attention_dropout = 0.0
+  config.save_model = True
+  workdir = tmp_path / "ft"
+  results = train.finetune(config, str(workdir))
+  assert "task ner: 400 train / 40 eval examples" in capsys.readouterr().out
+  words, gold, pred = tag_metrics.read_conll_predictions(str(workdir / "seed_0" / "predictions.conll"))
+  dev = tag_data.read_conll(str(task_dir / "dev.txt"), config.task)
+  assert words == dev.words and gold == dev.tags  # every word, long sentences included, exactly once
+  assert max(len(w) for w in words) > config.seq_len - 2  # some sentences needed several windows
+  f1 = results["per_seed"][0]["f1"]
+  assert f1 == pytest.approx(seqeval.f1_score(gold, pred), abs=1e-12) and f1 > 0.9, results["per_seed"]
+  assert set(results["per_seed"][0]) == {"f1", "precision", "recall", "accuracy"}
+  assert results["summary"]["f1"]["median"] == f1
+  # The saved tagger tags a new sentence as the run did.
+  tm = task_models.load(str(workdir / "seed_0" / "model"))
+  tags = tagging.tag_words(["anna", "smith", "went", "to", "rome"], tm.tokenizer, tm.model, tm.params, 24)
+  assert tags == ["B-PER", "I-PER", "O", "O", "B-LOC"]
+
+
+def test_tiny_model_learns_generated_multiple_choice(tmp_path):
+  """Which choice repeats the context's last word? (JSONL layout, 3 choices, some with 2 only)."""
+  import json
+
+  from bertjax.finetune import train
+
+  rng = random.Random(1)
+  words = list(FIRST + LAST + PLACES + OTHER)
+  task_dir = tmp_path / "mc"
+  task_dir.mkdir()
+  for name, n in (("train.jsonl", 600), ("dev.jsonl", 60)):
+    with open(task_dir / name, "w") as f:
+      for _ in range(n):
+        context = [rng.choice(words) for _ in range(4)]
+        k = rng.choice([2, 3])
+        choices = [rng.choice(words) for _ in range(k)]
+        label = rng.randrange(k)
+        choices[label] = context[-1]
+        choices = [c if i == label or c != context[-1] else "the" for i, c in enumerate(choices)]
+        f.write(json.dumps(dict(context=" ".join(context), question="", choices=choices, label=label)) + "\n")
+  config = load_config("configs/finetune.py:swag")
+  config.init.checkpoint = _tiny_checkpoint(tmp_path, ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(words)))
+  config.task.source, config.task.train_file, config.task.eval_file = f"jsonl:{task_dir}", "train.jsonl", "dev.jsonl"
+  config.seeds, config.total_steps, config.seq_len, config.learning_rate, config.batch_size = 1, 150, 16, 2e-3, 16
+  config.model.dropout = config.model.attention_dropout = 0.0
+  results = train.finetune(config, str(tmp_path / "ft"))
+  assert set(results["per_seed"][0]) == {"accuracy"} and results["choices"] == 3
+  assert results["per_seed"][0]["accuracy"] > 0.7, results["per_seed"]  # chance is about 0.4
+
+
+def test_a_ragged_conll_line_exits_2_with_one_line(tmp_path):
+  import subprocess
+  import sys
+
+  (tmp_path / "train.txt").write_text("a O\nb B-X\n\nc O\nd B-X extra\n")
+  (tmp_path / "dev.txt").write_text("a O\n")
+  ckpt = _tiny_checkpoint(tmp_path, ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c", "d"])
+  proc = subprocess.run([sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune.py:ner",
+                         f"--config.init.checkpoint={ckpt}", f"--config.task.source=conll:{tmp_path}",
+                         f"--workdir={tmp_path / 'w'}"], capture_output=True, text=True, cwd=REPO,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  lines = [line for line in proc.stderr.splitlines() if line.strip()]
+  assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+  assert lines[0] == f"error: {tmp_path / 'train.txt'}:5: 3 columns where the file's first line has 2; " \
+      "fix the line (a token with a space in it?)"

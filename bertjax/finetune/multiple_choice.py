@@ -1,6 +1,6 @@
-"""Multiple choice (SWAG, RACE-style): readers for SWAG's CSV layout (`swag:DIR`) and a JSONL layout
-(`jsonl:DIR`), features with one (context, choice) pair per row, and the loss and prediction of
-BertForMultipleChoice's head.
+"""The multiple-choice task family (SWAG, RACE-style) as a task module of the fine-tuning trainer: readers
+for SWAG's CSV layout (`swag:DIR`) and a JSONL layout (`jsonl:DIR`), features with one (context, choice)
+pair per row, and BertForMultipleChoice's head, loss and accuracy.
 
 The head is the sentence classifier with one output (`model.Classifier(num_outputs=1)`: tanh pooler on
 [CLS], dropout, linear) applied to every (context, choice) pair; the scores of one example's choices go
@@ -10,20 +10,33 @@ masked padding choices that never win and carry no probability.
 
 import csv
 import dataclasses
-import functools
 import json
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax.data import pipeline
 from bertjax.errors import UserError
+from bertjax.finetune import model as task_model
+from bertjax.finetune.tasks import TaskData
 from bertjax.interop.tokenizers import encode_example
 
 SWAG_ENDINGS = ("ending0", "ending1", "ending2", "ending3")
+OUTPUT_POSITION_AXIS = None  # outputs are per example: [B, choices]
+MASKED = -1e9  # the score of a padding choice
+
+
+class MultipleChoice(task_model.Classifier):
+  """BertForMultipleChoice: inputs [B, choices, S] flattened to pairs, the one-output pooler classifier
+  on each, scores [B, choices] (the same parameters as Classifier(num_outputs=1))."""
+
+  tokenizer: str = ""  # the checkpoint tokenizer's spec, kept with the model so that a saved one reads back
+
+  def __call__(self, input_ids, type_ids, groups, head_gates=None):
+    shape = input_ids.shape
+    flat = lambda x: x.reshape(-1, shape[-1])
+    return super().__call__(flat(input_ids), flat(type_ids), flat(groups), head_gates).reshape(shape[:-1])
 
 
 @dataclasses.dataclass
@@ -141,38 +154,71 @@ def encode(ex: Examples, tokenizer, seq_len: int, num_choices: int = 0) -> dict:
 
 
 def choice_logits(params, batch, model, rng=None, head_gates=None):
-  """Scores [B, C] of every choice: the one-output classifier on each flattened pair, padding choices at
-  a large negative score (so they take no probability and are never predicted)."""
-  shape = batch["input_ids"].shape
-  flat = lambda x: x.reshape(-1, shape[-1])
-  out = model.apply({"params": params}, flat(batch["input_ids"]), flat(batch["type_ids"]), flat(batch["groups"]),
-                    head_gates, rngs={"dropout": rng} if rng is not None else {})
-  return jnp.where(batch["choice_mask"] > 0, out.reshape(shape[:-1]), -1e9)
-
-
-def choice_loss(params, batch, rng, model, head_gates=None):
-  """Mean softmax cross-entropy over the choices of the weighted examples (BertForMultipleChoice's loss)."""
-  logits = choice_logits(params, batch, model, rng, head_gates)
-  w = batch["example_weight"]
-  per = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
-  return (per * w).sum() / jnp.maximum(w.sum(), 1.0)
-
-
-@functools.lru_cache(maxsize=4)
-def _predict_fn(model):
-  return jax.jit(lambda p, b: choice_logits(p, b, model))
-
-
-def predict(params, arrays: dict, model, batch_size: int) -> np.ndarray:
-  """Choice scores [N, C] over a whole split."""
-  apply = _predict_fn(model)
-  outs = []
-  keys = ("input_ids", "type_ids", "groups", "choice_mask")
-  for b in pipeline.eval_batches(pipeline.ArrayRows(arrays), batch_size):
-    outs.append(np.asarray(apply(params, {k: b[k] for k in keys}))[b["example_weight"] > 0])
-  return np.concatenate(outs)
+  """Scores [B, C] of every choice with padding choices at MASKED (no probability, never predicted)."""
+  out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"],
+                    *(() if head_gates is None else (head_gates,)), rngs={"dropout": rng} if rng is not None else {})
+  return jnp.where(batch["choice_mask"] > 0, out, MASKED)
 
 
 def accuracy(scores: np.ndarray, labels: np.ndarray) -> dict:
   """{"accuracy": share of examples whose highest-scoring choice is the labeled one}."""
   return {"accuracy": float(np.mean(scores.argmax(-1) == labels))}
+
+
+# ---------------------------------------------------------------- the task module's functions
+
+
+def validate(config):
+  """One-line errors for a multiple-choice config that cannot run."""
+  if not config.task.source:
+    raise UserError("set --config.task.source to swag:DIR (SWAG's CSVs) or jsonl:DIR")
+  if config.seq_len < 8:
+    raise UserError(f"seq_len={config.seq_len} is too short for [CLS] context [SEP] choice [SEP]; use >= 8")
+
+
+def prepare(config, loaded) -> TaskData:
+  """Both splits read and encoded to [N, choices, seq_len] pairs with the checkpoint's template."""
+  task = config.task
+  train_ex = subsample(read_split(task, True), task.max_train_examples, config.seed)
+  eval_ex = subsample(read_split(task, False), task.max_eval_examples, config.seed)
+  width = max(max(len(c) for c in ex.choices) for ex in (train_ex, eval_ex))
+  return TaskData(
+      train=encode(train_ex, loaded.tokenizer, config.seq_len, width),
+      eval=encode(eval_ex, loaded.tokenizer, config.seq_len, width),
+      info=dict(train_examples=len(train_ex.contexts), eval_examples=len(eval_ex.contexts), skipped_rows=0,
+                choices=width),
+      model=dict(tokenizer=loaded.tokenizer.spec()))
+
+
+def model(config, cfg, data: TaskData, deterministic: bool) -> MultipleChoice:
+  """BertForMultipleChoice's head (pooler, dropout, one output) over the encoder `cfg`."""
+  return MultipleChoice(cfg, 1, config.model.classifier_dropout, deterministic=deterministic, head="pooler",
+                        tokenizer=data.model.get("tokenizer", ""))
+
+
+def init_params(model, rng, loaded) -> tuple[dict, list]:
+  """(params, fresh names): embeddings, encoder and the pretrained pooler (where the checkpoint has one),
+  the one-output classifier from `rng`."""
+  pooler = loaded.params.get("sentence", {}).get("pooler", loaded.pooler)
+  return task_model.init_params(model, rng, loaded.params, pooler)
+
+
+def loss(outputs, batch):
+  """Per-example softmax cross-entropy over the choices, padding choices masked."""
+  logits = jnp.where(batch["choice_mask"] > 0, outputs, MASKED)
+  return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
+
+
+def evaluate(outputs, data: TaskData, config, seed_dir) -> dict:
+  """{"accuracy"} over the eval split (padding choices never predicted)."""
+  del config, seed_dir
+  scores = np.where(data.eval["choice_mask"] > 0, np.asarray(outputs), MASKED)
+  return accuracy(scores, data.eval["label"])
+
+
+def save_model(directory: str, run_config, model, params) -> None:
+  """A seed's fine-tuned multiple-choice model as a bertjax task model (task_models.load reads it)."""
+  from bertjax.finetune import task_models
+
+  info = dict(classifier_dropout=model.classifier_dropout, tokenizer=model.tokenizer)
+  task_models.save(directory, "multiple_choice", run_config, params, info)

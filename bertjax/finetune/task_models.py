@@ -9,6 +9,7 @@ checkpoint) plus `task.json` (kind, labels, head dropout and the windowing that 
 import dataclasses
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,8 @@ import numpy as np
 
 from bertjax import checkpoint, config as config_lib, sharding as sh
 from bertjax.errors import UserError
-from bertjax.finetune.model import Classifier
+from bertjax.finetune.multiple_choice import MultipleChoice
+from bertjax.finetune import tag_metrics
 from bertjax.finetune.tagging import TokenClassifier
 from bertjax.interop import configs, convert, safetensors_io, tokenizers as hf_tokenizers, weights as W
 from bertjax.interop import workdir as wd
@@ -46,9 +48,9 @@ def build(kind: str, run_config, info: dict, cfg=None):
   cfg = cfg or config_lib.encoder_config(run_config.model)
   dropout = info.get("classifier_dropout", 0.1)
   if kind == "tagging":
-    return TokenClassifier(cfg, len(info["labels"]), dropout, deterministic=True)
+    return TokenClassifier(cfg, len(info["labels"]), dropout, True, tuple(info["labels"]), info.get("scheme", ""))
   if kind == "multiple_choice":
-    return Classifier(cfg, 1, dropout, deterministic=True, head="pooler")
+    return MultipleChoice(cfg, 1, dropout, deterministic=True, head="pooler")
   raise UserError(f"task kind {kind!r}; bertjax saves {', '.join(KINDS)}")
 
 
@@ -58,9 +60,29 @@ def _shapes(model) -> dict:
                                        jax.random.key(0), ids))
 
 
+def _copy_tokenizer(spec: str, directory: str) -> str:
+  """Copies the tokenizer files of `spec` into directory/tokenizer; returns the spec that loads the copy."""
+  if not spec:
+    return ""
+  tok = hf_tokenizers.load_any(spec)
+  out = os.path.join(directory, "tokenizer")
+  os.makedirs(out, exist_ok=True)
+  if os.path.isdir(tok.path):
+    for name in hf_tokenizers.TOKENIZER_FILES:
+      if os.path.isfile(os.path.join(tok.path, name)):
+        shutil.copy(os.path.join(tok.path, name), os.path.join(out, name))
+    return f"{tok.kind}:{out}"
+  target = os.path.join(out, os.path.basename(tok.path))
+  shutil.copy(tok.path, target)
+  return spec.replace(tok.path, target, 1)
+
+
 def save(directory: str, kind: str, run_config, params, info: dict) -> None:
-  """Writes a task model: config.json (the encoder's run config), the params checkpoint and task.json
-  (`info` with the kind: labels, classifier_dropout, tag scheme and windowing for tagging)."""
+  """Writes a task model: config.json (the encoder's run config, its data.tokenizer naming a copy of the
+  tokenizer in directory/tokenizer), the params checkpoint and task.json (`info` with the kind: labels,
+  classifier_dropout, tag scheme; info["tokenizer"] is the spec of the tokenizer to copy)."""
+  run_config, info = run_config.copy_and_resolve_references(), dict(info)
+  run_config.data.tokenizer = _copy_tokenizer(info.pop("tokenizer", "") or run_config.data.tokenizer, directory)
   wd.write(directory, run_config, jax.tree.map(np.asarray, params), dict(task=kind))
   with open(os.path.join(directory, TASK_FILE), "w") as f:
     json.dump(dict(info, kind=kind), f, indent=2)
@@ -123,7 +145,9 @@ def read_hf(hf_dir: str) -> TaskModel:
   id2label = hf.get("id2label") or {str(i): f"LABEL_{i}" for i in range(n)}
   labels = [id2label[str(i)] for i in range(n)]
   dropout = hf.get("classifier_dropout") or hf.get("classifier_dropout_prob") or hf.get("hidden_dropout_prob", 0.1)
-  info = dict(labels=labels if kind == "tagging" else [], classifier_dropout=float(dropout), family=family)
+  scheme = tag_metrics.detect_scheme([labels]) if kind == "tagging" else ""
+  info = dict(labels=labels if kind == "tagging" else [], scheme=scheme, classifier_dropout=float(dropout),
+              family=family)
   model = build(kind, imported.config, info)
   return TaskModel(kind, imported.config, model, jax.tree.map(jnp.asarray, params), imported.tokenizer, info)
 

@@ -15,6 +15,8 @@ from bertjax.errors import UserError
 # kind -> module. A new family adds one line here (its module provides the functions of docs/finetune_tasks.md).
 KINDS = {
     "classification": "bertjax.finetune.classification",
+    "tagging": "bertjax.finetune.tagging",
+    "multiple_choice": "bertjax.finetune.multiple_choice",
 }
 DEFAULT_KIND = "classification"  # configs written before task.kind existed are classification runs
 
