@@ -243,10 +243,38 @@ def test_tiny_model_learns_generated_ner_and_scores_every_word(tmp_path, capsys)
   assert f1 == pytest.approx(seqeval.f1_score(gold, pred), abs=1e-12) and f1 > 0.9, results["per_seed"]
   assert set(results["per_seed"][0]) == {"f1", "precision", "recall", "accuracy"}
   assert results["summary"]["f1"]["median"] == f1
-  # The saved tagger tags a new sentence as the run did.
+  # The saved tagger tags a new sentence, from the library and the predict command, and exports to
+  # transformers, which predicts the same tags.
   tm = task_models.load(str(workdir / "seed_0" / "model"))
-  tags = tagging.tag_words(["anna", "smith", "went", "to", "rome"], tm.tokenizer, tm.model, tm.params, 24)
-  assert tags == ["B-PER", "I-PER", "O", "O", "B-LOC"]
+  words = ["anna", "smith", "went", "to", "rome", "."]
+  tags = tagging.tag_words(words, tm.tokenizer, tm.model, tm.params, 24)
+  assert tags[:5] == ["B-PER", "I-PER", "O", "O", "B-LOC"]
+  _predict_cli(model=workdir / "seed_0" / "model", text="anna smith went to rome.", seq_len=24,
+               export=tmp_path / "exported")
+  assert capsys.readouterr().out.splitlines()[:6] == [f"{w}\t{t}" for w, t in zip(words, tags)]
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  hf = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "exported").eval()
+  hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
+  enc = hf_tok(words, is_split_into_words=True, return_tensors="pt")
+  with torch.no_grad():
+    ids = hf(**enc).logits[0].argmax(-1).tolist()
+  firsts = [enc.word_ids().index(i) for i in range(len(words))]
+  assert [hf.config.id2label[ids[k]] for k in firsts] == tags
+
+
+def _predict_cli(**values):
+  """Runs `python -m bertjax.finetune.predict --k=v ...` in this process."""
+  from absl import flags
+
+  from bertjax.finetune import predict
+
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(["predict"] + [f"--{k}={v}" for k, v in values.items()])
+  try:
+    predict.main(["predict"])
+  finally:
+    flags.FLAGS.unparse_flags()
 
 
 def test_tiny_model_learns_generated_multiple_choice(tmp_path):
