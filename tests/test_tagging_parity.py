@@ -18,7 +18,7 @@ import pytest
 from bertjax import config as config_lib
 from bertjax.data.tokenizer import SPM_SPECIAL as SPECIAL
 from bertjax.finetune import multiple_choice, tagging, train as ft
-from bertjax.finetune.model import init_params
+from bertjax.finetune.model import MultipleChoice, TokenClassifier, init_params
 from bertjax.interop import convert
 from conftest import load_config, micro
 
@@ -105,7 +105,7 @@ def test_token_classification_steps_match_transformers(tmp_path):
   pre, pretrained, dirs, config = _setup(tmp_path)
   config.learning_rate = 1e-3  # large enough that 20 steps move the loss visibly
   enc = config_lib.encoder_config(pre.model)
-  model = tagging.TokenClassifier(enc, LABELS, 0.0, deterministic=False)
+  model = TokenClassifier(enc, LABELS, 0.0, deterministic=False)
   params, fresh = init_params(model, jax.random.key(3), pretrained, None)
   assert fresh == ["classifier"]
   hf = transformers.BertForTokenClassification.from_pretrained(dirs[0], num_labels=LABELS, attn_implementation="eager")
@@ -125,7 +125,7 @@ def test_multiple_choice_steps_match_transformers(tmp_path):
   pre, pretrained, dirs, config = _setup(tmp_path)
   config.learning_rate = 1e-3
   enc = config_lib.encoder_config(pre.model)
-  model = multiple_choice.MultipleChoice(enc, 1, 0.0, deterministic=False, head="pooler")
+  model = MultipleChoice(enc, 1, 0.0, deterministic=False, head="pooler")
   params, fresh = init_params(model, jax.random.key(3), pretrained, pretrained["sentence"]["pooler"])
   assert fresh == ["classifier"]
   hf = transformers.BertForMultipleChoice.from_pretrained(dirs[0], attn_implementation="eager")

@@ -18,25 +18,14 @@ import numpy as np
 import optax
 
 from bertjax.errors import UserError
-from bertjax.finetune import model as task_model
+from bertjax.finetune import model as task_model, task_models
+from bertjax.finetune.model import MultipleChoice
 from bertjax.finetune.tasks import TaskData
 from bertjax.interop.tokenizers import encode_example
 
 SWAG_ENDINGS = ("ending0", "ending1", "ending2", "ending3")
 OUTPUT_POSITION_AXIS = None  # outputs are per example: [B, choices]
 MASKED = -1e9  # the score of a padding choice
-
-
-class MultipleChoice(task_model.Classifier):
-  """BertForMultipleChoice: inputs [B, choices, S] flattened to pairs, the one-output pooler classifier
-  on each, scores [B, choices] (the same parameters as Classifier(num_outputs=1))."""
-
-  tokenizer: str = ""  # the checkpoint tokenizer's spec, kept with the model so that a saved one reads back
-
-  def __call__(self, input_ids, type_ids, groups, head_gates=None):
-    shape = input_ids.shape
-    flat = lambda x: x.reshape(-1, shape[-1])
-    return super().__call__(flat(input_ids), flat(type_ids), flat(groups), head_gates).reshape(shape[:-1])
 
 
 @dataclasses.dataclass
@@ -218,7 +207,5 @@ def evaluate(outputs, data: TaskData, config, seed_dir) -> dict:
 
 def save_model(directory: str, run_config, model, params) -> None:
   """A seed's fine-tuned multiple-choice model as a bertjax task model (task_models.load reads it)."""
-  from bertjax.finetune import task_models
-
   info = dict(classifier_dropout=model.classifier_dropout, tokenizer=model.tokenizer)
   task_models.save(directory, "multiple_choice", run_config, params, info)

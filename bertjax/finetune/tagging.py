@@ -2,49 +2,25 @@
 (interface: docs/finetune_tasks.md): the per-token head, its token-averaged loss, and the evaluation that
 reads window predictions back to words, writes conlleval's input and scores entities.
 
-The head is BertForTokenClassification's (and RoBERTa's, ALBERT's, ELECTRA's): dropout on every final
-hidden state, then one linear layer to the tag logits. Data and features are in `tag_data`, metrics in
+The head (model.TokenClassifier) is BertForTokenClassification's (and RoBERTa's, ALBERT's, ELECTRA's):
+dropout on every final hidden state, then one linear layer to the tag logits. Data and features are in `tag_data`, metrics in
 `tag_metrics`, saved models and transformers' directories in `task_models`.
 """
 
 import json
 import os
 
-import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import linen as nn
 
-from bertjax import sharding as sh
 from bertjax.errors import UserError
-from bertjax.finetune import model as task_model, tag_data, tag_metrics
+from bertjax.finetune import model as task_model, tag_data, tag_metrics, task_models
+from bertjax.finetune.model import TokenClassifier
 from bertjax.finetune.tasks import TOKEN_FIELDS, TaskData
-from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig, dense
 
 PREDICTIONS_FILE = "predictions.conll"  # under workdir/seed_S/: token, gold, predicted per line
 ENTITY_FILE = "entity_metrics.json"  # under workdir/seed_S/: precision, recall, f1, support per entity type
 OUTPUT_POSITION_AXIS = 1  # outputs are [windows, seq, labels]
-
-
-class TokenClassifier(nn.Module):
-  """Tag logits [batch, seq, num_labels] for every position: encoder, dropout, linear (no pooler)."""
-
-  cfg: EncoderConfig
-  num_labels: int
-  classifier_dropout: float = 0.1
-  deterministic: bool = True
-  labels: tuple = ()  # tag names in id order, their scheme and the tokenizer's spec: kept with the model so
-  scheme: str = ""  # that a saved one reads back
-  tokenizer: str = ""
-
-  @nn.compact
-  def __call__(self, input_ids, type_ids, groups, head_gates=None):
-    """head_gates: optional [layers, heads] multipliers of the attention heads (bertjax.heads)."""
-    c = self.cfg
-    x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic)
-    hidden = Encoder(c, self.deterministic, name="encoder")(x, groups, head_gates)
-    hidden = nn.Dropout(self.classifier_dropout)(hidden, deterministic=self.deterministic)
-    return dense(c, c.hidden_size, self.num_labels, (sh.EMBED, None), "classifier")(hidden).astype(jnp.float32)
 
 
 def _check(ok: bool, message: str):
@@ -137,8 +113,6 @@ def evaluate(outputs, data: TaskData, config, seed_dir: str | None) -> dict:
 
 def save_model(directory: str, run_config, model, params) -> None:
   """A seed's fine-tuned tagger as a bertjax task model (task_models.load and the tag command read it)."""
-  from bertjax.finetune import task_models
-
   info = dict(labels=list(model.labels), scheme=model.scheme, classifier_dropout=model.classifier_dropout,
               tokenizer=model.tokenizer)
   task_models.save(directory, "tagging", run_config, params, info)
