@@ -17,9 +17,8 @@ import numpy as np
 
 from bertjax import checkpoint, config as config_lib, sharding as sh
 from bertjax.errors import UserError
-from bertjax.finetune.multiple_choice import MultipleChoice
 from bertjax.finetune import tag_metrics
-from bertjax.finetune.tagging import TokenClassifier
+from bertjax.finetune.model import MultipleChoice, TokenClassifier
 from bertjax.interop import configs, convert, safetensors_io, tokenizers as hf_tokenizers, weights as W
 from bertjax.interop import workdir as wd
 
