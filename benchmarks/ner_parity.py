@@ -66,7 +66,7 @@ def write_subsets(args, name: str, out: str) -> str:
 
 
 def finetune_config(args, data_dir: str, seed: int):
-  from bertjax import config as config_lib
+  from bertjax.core import config as config_lib
 
   c = config_lib.load(os.path.join(REPO, "configs/finetune.py:ner"))
   c.seed, c.seeds, c.seq_len = seed, 1, args.seq_len
@@ -184,7 +184,7 @@ def main():
   p.add_argument("--work_dir", default="/tmp/bertjax-ner-parity")
   p.add_argument("--json", default="")
   args = p.parse_args()
-  from bertjax import runtime
+  from bertjax.core import runtime
 
   runtime.setup()
   if not args.checkpoint:

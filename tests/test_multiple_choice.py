@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.finetune import multiple_choice as mc
 
 SWAG_HEADER = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n"

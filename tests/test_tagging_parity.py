@@ -15,11 +15,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import config as config_lib
+from bertjax.model import config as model_config
 from bertjax.data.tokenizer import SPM_SPECIAL as SPECIAL
 from bertjax.finetune import multiple_choice, tagging, train as ft
 from bertjax.finetune.model import MultipleChoice, TokenClassifier, init_params
-from bertjax.interop import convert
+from bertjax.hf import convert
 from conftest import load_config, micro
 
 torch = pytest.importorskip("torch")
@@ -104,7 +104,7 @@ def _copy_head(hf, initial, names):
 def test_token_classification_steps_match_transformers(tmp_path):
   pre, pretrained, dirs, config = _setup(tmp_path)
   config.learning_rate = 1e-3  # large enough that 20 steps move the loss visibly
-  enc = config_lib.encoder_config(pre.model)
+  enc = model_config.encoder_config(pre.model)
   model = TokenClassifier(enc, LABELS, 0.0, deterministic=False)
   params, fresh = init_params(model, jax.random.key(3), pretrained, None)
   assert fresh == ["classifier"]
@@ -124,7 +124,7 @@ def test_token_classification_steps_match_transformers(tmp_path):
 def test_multiple_choice_steps_match_transformers(tmp_path):
   pre, pretrained, dirs, config = _setup(tmp_path)
   config.learning_rate = 1e-3
-  enc = config_lib.encoder_config(pre.model)
+  enc = model_config.encoder_config(pre.model)
   model = MultipleChoice(enc, 1, 0.0, deterministic=False, head="pooler")
   params, fresh = init_params(model, jax.random.key(3), pretrained, pretrained["sentence"]["pooler"])
   assert fresh == ["classifier"]

@@ -7,10 +7,10 @@ GLUE's metrics. This module only wires them to the trainer's calls.
 
 import optax
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.finetune import data as task_data, metrics as task_metrics, model as task_model
 from bertjax.finetune.tasks import TaskData
-from bertjax.interop import configs as hf_configs
+from bertjax.hf import configs as hf_configs
 
 OUTPUT_POSITION_AXIS = None  # outputs are per example ([B, C]), no sequence axis to re-pad after length buckets
 

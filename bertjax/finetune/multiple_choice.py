@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.finetune import model as task_model, task_models
 from bertjax.finetune.model import MultipleChoice
 from bertjax.finetune.tasks import TaskData
-from bertjax.interop.tokenizers import encode_example
+from bertjax.hf.tokenizers import encode_example
 
 SWAG_ENDINGS = ("ending0", "ending1", "ending2", "ending3")
 OUTPUT_POSITION_AXIS = None  # outputs are per example: [B, choices]

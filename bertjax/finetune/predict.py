@@ -17,8 +17,9 @@ import re
 
 from absl import flags
 
-from bertjax import runtime
-from bertjax.errors import UserError, cli, run
+from bertjax.core import runtime
+from bertjax.core.cli import cli, run
+from bertjax.core.errors import UserError
 
 _MODEL = flags.DEFINE_string("model", "", "a fine-tuned task model: WORKDIR/seed_S/model or an HF task directory")
 _TEXT = flags.DEFINE_string("text", "", "a sentence to tag (split into words and punctuation)")

@@ -14,9 +14,9 @@ import os
 
 import numpy as np
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.finetune import tag_metrics
-from bertjax.interop.tokenizers import HFTokenizer
+from bertjax.hf.tokenizers import HFTokenizer
 
 DOCSTART = "-DOCSTART-"
 

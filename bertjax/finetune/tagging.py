@@ -13,7 +13,7 @@ import os
 import numpy as np
 import optax
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.finetune import model as task_model, tag_data, tag_metrics, task_models
 from bertjax.finetune.model import TokenClassifier
 from bertjax.finetune.tasks import TOKEN_FIELDS, TaskData

@@ -15,12 +15,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import checkpoint, config as config_lib, sharding as sh
-from bertjax.errors import UserError
+from bertjax.core import sharding as sh
+from bertjax.model import config as model_config
+from bertjax.train import checkpoint
+from bertjax.core.errors import UserError
 from bertjax.finetune import tag_metrics
 from bertjax.finetune.model import MultipleChoice, TokenClassifier
-from bertjax.interop import configs, convert, safetensors_io, tokenizers as hf_tokenizers, weights as W
-from bertjax.interop import workdir as wd
+from bertjax.hf import configs, convert, safetensors_io, tokenizers as hf_tokenizers, weights as W
+from bertjax.hf import workdir as wd
 
 TASK_FILE = "task.json"
 KINDS = ("tagging", "multiple_choice")
@@ -44,7 +46,7 @@ class TaskModel:
 
 def build(kind: str, run_config, info: dict, cfg=None):
   """The deterministic flax module of a task model from its run config and task info."""
-  cfg = cfg or config_lib.encoder_config(run_config.model)
+  cfg = cfg or model_config.encoder_config(run_config.model)
   dropout = info.get("classifier_dropout", 0.1)
   if kind == "tagging":
     return TokenClassifier(cfg, len(info["labels"]), dropout, True, tuple(info["labels"]), info.get("scheme", ""))
