@@ -277,6 +277,7 @@ def _predict_cli(**values):
     flags.FLAGS.unparse_flags()
 
 
+@pytest.mark.slow  # the trainer's multiple-choice path; the normal tier has its step parity and metric
 def test_tiny_model_learns_generated_multiple_choice(tmp_path):
   """Which choice repeats the context's last word? (JSONL layout, 3 choices, some with 2 only)."""
   import json
@@ -307,6 +308,7 @@ def test_tiny_model_learns_generated_multiple_choice(tmp_path):
   assert results["per_seed"][0]["accuracy"] > 0.7, results["per_seed"]  # chance is about 0.4
 
 
+@pytest.mark.slow  # a subprocess; the normal tier checks the reader's file:line errors in-process
 def test_a_ragged_conll_line_exits_2_with_one_line(tmp_path):
   import subprocess
   import sys
