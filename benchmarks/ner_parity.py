@@ -17,7 +17,8 @@ classifier. bertjax runs `python -m bertjax.finetune --config=configs/finetune.p
 plain loop over BertForTokenClassification with the checkpoint's tokenizer (AutoTokenizer,
 is_split_into_words=True), truncating at --seq_len as run_ner does (bertjax slides windows instead; the
 number of dev words run_ner's truncation leaves unscored is printed). Seeds are paired (--paired=1): PyTorch's
-seed s starts from bertjax's seed-s classifier and row order; dropout stays each side's own.
+seed s starts from bertjax's seed-s classifier and row order (sentences in the order of their first window);
+dropout stays each side's own.
 
 The defaults are sized for a loaded 2-core CPU (about 15 minutes): 320 training and 200 dev sentences per
 dataset, seq_len 32, batch 16 and lr 1e-4 (more steps, and a rate that learns in 60 of them); pass
@@ -87,10 +88,18 @@ def bertjax_draws(config, seed: int, setup: dict) -> dict:
   from bertjax.data import pipeline
   from bertjax.finetune import train
 
-  n = len(setup["train"]["input_ids"])
+  from bertjax.finetune import tag_data, tagging
+
+  # bertjax permutes windows; a sentence longer than the window has several. PyTorch (which truncates) gets
+  # the sentences in the order of their first window.
+  sentences = tag_data.read_conll(os.path.join(config.task.source.split(":", 1)[1], "train.txt"), config.task)
+  window_sentence = tag_data.encode(sentences, setup["loaded"].tokenizer, list(setup["data"].model["labels"]),
+                                    config.seq_len, tagging.stride_of(config), "none")["sentence"]
+  n = len(window_sentence)
   head = train.seed_start(config, seed, setup)[1]["classifier"]
-  return dict(kernel=np.array(head["kernel"]), bias=np.array(head["bias"]),
-              orders=[pipeline.permuted(seed, e, np.arange(n), n) for e in range(int(config.epochs))])
+  orders = [list(dict.fromkeys(window_sentence[pipeline.permuted(seed, e, np.arange(n), n)].tolist()))
+            for e in range(int(config.epochs))]
+  return dict(kernel=np.array(head["kernel"]), bias=np.array(head["bias"]), orders=orders)
 
 
 def torch_features(tok, words, tags, labels, seq_len):

@@ -140,7 +140,7 @@ def token_and_choice_config(arg: str):
         tag_scheme=scheme,  # auto (detected from the training tags) | iob1 | iob2 | bioes | none (POS)
         label_all_subwords=False,  # also train on later subwords (B- -> I-); scoring reads first subwords only
         window_stride=0,  # subwords between windows over a long sentence; 0: half the window
-        tfds_tag_feature=tfds_feature, train_split="train", eval_split="validation",  # tfds
+        tfds_tag_feature=tfds_feature, train_split="train", eval_split="dev",  # tfds (conll2003: train, dev, test)
         max_train_examples=0, max_eval_examples=0,  # sentences; 0: all
     )
     # transformers examples/pytorch/token-classification/run_ner.py, its README's recipe and Trainer's
