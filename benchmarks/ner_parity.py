@@ -189,7 +189,8 @@ def main():
   p.add_argument("--data_dir", default=os.path.join(REPO, "..", "shared", "data", "ner"))
   p.add_argument("--datasets", default="wikiann,wnut17")
   p.add_argument("--seeds", type=int, default=2)
-  p.add_argument("--train", type=int, default=320, help="training sentences per dataset (0: all; WikiANN 20,000, WNUT 3,394)")
+  p.add_argument("--train", type=int, default=320,
+                 help="training sentences per dataset (0: all; WikiANN 20,000, WNUT 3,394)")
   p.add_argument("--dev", type=int, default=200, help="dev sentences per dataset (0: all; WikiANN 10,000, WNUT 1,009)")
   p.add_argument("--seq_len", type=int, default=32, help="run_ner's README: 128 (32 keeps a 2-core CPU run short; "
                  "WikiANN averages 8 words a sentence, and bertjax slides windows over longer ones)")
@@ -230,7 +231,8 @@ def main():
     for seed in range(args.seeds):
       config = finetune_config(args, data_dir, seed)
       t0 = time.time()
-      scores["bertjax"].append(train.finetune(config, os.path.join(args.work_dir, name, f"bertjax-{seed}"))["per_seed"][0]["f1"])
+      ours = train.finetune(config, os.path.join(args.work_dir, name, f"bertjax-{seed}"))
+      scores["bertjax"].append(ours["per_seed"][0]["f1"])
       t_ours = time.time() - t0
       draws = bertjax_draws(config, seed, setup) if args.paired else None
       f1, t_theirs, unscored = run_torch(config, data_dir, labels, seed, draws)

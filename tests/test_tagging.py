@@ -299,7 +299,8 @@ def test_tiny_model_learns_generated_multiple_choice(tmp_path):
         choices = [c if i == label or c != context[-1] else "the" for i, c in enumerate(choices)]
         f.write(json.dumps(dict(context=" ".join(context), question="", choices=choices, label=label)) + "\n")
   config = load_config("configs/finetune.py:swag")
-  config.init.checkpoint = _tiny_checkpoint(tmp_path, ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(words)))
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(words))
+  config.init.checkpoint = _tiny_checkpoint(tmp_path, vocab)
   config.task.source, config.task.train_file, config.task.eval_file = f"jsonl:{task_dir}", "train.jsonl", "dev.jsonl"
   config.seeds, config.total_steps, config.seq_len, config.learning_rate, config.batch_size = 1, 150, 16, 2e-3, 16
   config.model.dropout = config.model.attention_dropout = 0.0

@@ -66,7 +66,8 @@ def test_token_classification_imports_and_exports_with_transformers_logits(famil
   assert type(back).__name__ == task_models.TOKEN_CLASSES[family]
   assert back.config.id2label[1] == "B-A"
   with torch.no_grad():
-    again = back(torch.tensor(ids), attention_mask=torch.tensor(mask), token_type_ids=torch.tensor(types)).logits.numpy()
+    again = back(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                 token_type_ids=torch.tensor(types)).logits.numpy()
   assert np.abs(again[real] - theirs[real]).max() < TOL
   # bertjax's own task-model directory round-trips.
   task_models.save(str(tmp_path / "bjx"), tm.kind, tm.config, tm.params, tm.info)

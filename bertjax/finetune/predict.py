@@ -2,7 +2,7 @@
 import from transformers.
 
   python -m bertjax.finetune.predict --model=W/seed_0/model --text="Peter Blackburn visited Brussels ."
-  python -m bertjax.finetune.predict --model=W/seed_0/model --export=HF_DIR   # *ForTokenClassification / BertForMultipleChoice
+  python -m bertjax.finetune.predict --model=W/seed_0/model --export=HF_DIR   # transformers' *For{Token,MultipleChoice}
   python -m bertjax.finetune.predict --model=HF_DIR --save=DIR                # HF task model -> bertjax task model
 
 --model is a bertjax task model (fine-tuning's WORKDIR/seed_S/model, written with --config.save_model=True)

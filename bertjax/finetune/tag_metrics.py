@@ -94,9 +94,9 @@ def detect_scheme(sentences) -> str:
 
 def continuation_tag(tag: str, scheme: str) -> str:
   """The tag of a word's second and later subwords when every subword is labeled (task.label_all_subwords):
-  inside the same entity, so B- and S- become I- (IOB2, BIOES; transformers#14043 left them B-) and IOB1's
-  B- becomes I- too (a B- piece would start a new entity). E- keeps its place on the last piece only when
-  labels are applied per piece, which this simple rule approximates with I-: only first pieces are scored."""
+  I- of the word's type, inside the entity the first subword opens or continues. B- must not be repeated
+  (transformers#14043 did: each piece would open an entity, and IOB1's B- would too); for a BIOES E-/S- word
+  this writes piece sequences like E-X I-X, which only the training loss sees: scoring reads first subwords."""
   if scheme == "none" or tag == "O":
     return tag
   prefix, kind = split_tag(tag)

@@ -3,8 +3,8 @@
 reads window predictions back to words, writes conlleval's input and scores entities.
 
 The head (model.TokenClassifier) is BertForTokenClassification's (and RoBERTa's, ALBERT's, ELECTRA's):
-dropout on every final hidden state, then one linear layer to the tag logits. Data and features are in `tag_data`, metrics in
-`tag_metrics`, saved models and transformers' directories in `task_models`.
+dropout on every final hidden state, then one linear layer to the tag logits. Data and features are in
+`tag_data`, metrics in `tag_metrics`, saved models and transformers' directories in `task_models`.
 """
 
 import json

@@ -94,7 +94,8 @@ def load(directory: str) -> TaskModel:
   directory (imported on the fly)."""
   path = os.path.join(directory, TASK_FILE)
   if not os.path.isfile(path):
-    if os.path.isfile(os.path.join(directory, "config.json")) and not os.path.isdir(os.path.join(directory, "checkpoints")):
+    hf_dir = not os.path.isdir(os.path.join(directory, "checkpoints"))
+    if hf_dir and os.path.isfile(os.path.join(directory, "config.json")):
       return read_hf(directory)
     raise UserError(f"no fine-tuned task model at {directory!r} (no {TASK_FILE}); fine-tune with "
                     "--config.save_model=True (WORKDIR/seed_S/model) or pass an HF *ForTokenClassification directory")
