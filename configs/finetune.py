@@ -35,10 +35,13 @@ TFDS_LABELS = {"mnli": ("entailment", "neutral", "contradiction")}
 
 
 def get_config(arg: str = "sst2"):
-  """`arg`: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte), `tiny` (sst2's shape, CPU-sized run), or
-  squad1 / squad2 (extractive QA, below)."""
+  """`arg`: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte), `tiny` (sst2's shape, CPU-sized run),
+  squad1 / squad2 (extractive QA), or a token or multiple-choice task (ner chunk pos swag); the presets
+  beyond GLUE are in the blocks at the end of this file."""
   if arg in SQUAD_VERSIONS:
     return squad_config(arg)
+  if arg in TOKEN_AND_CHOICE_TASKS:
+    return token_and_choice_config(arg)
   task = "sst2" if arg == "tiny" else arg
   if task not in TASKS:
     raise ValueError(f"unknown task {arg!r}; use one of {', '.join(TASKS)} or tiny")
@@ -143,3 +146,59 @@ def squad_config(arg: str):
       max_eval_examples=0,
   )
   return c
+
+
+# ---------------------------------------------------------------- token classification and multiple choice
+# (issue #33; docs/tagging.md). The trainer, model and optimizer sections are the ones above; only the
+# task section and the recipe differ.
+#
+#   python -m bertjax.finetune --config=configs/finetune.py:ner --config.init.checkpoint=CKPT \
+#       --config.task.source=conll:DIR --config.task.train_file=train.txt --config.task.eval_file=dev.txt
+#   python -m bertjax.finetune --config=configs/finetune.py:swag --config.init.checkpoint=CKPT \
+#       --config.task.source=swag:DIR       # SWAG's train.csv / val.csv; or jsonl:DIR
+
+# name: (task kind, CoNLL tag column, tag scheme, tfds tag feature, what it is)
+TOKEN_AND_CHOICE_TASKS = {
+    "ner": ("tagging", -1, "auto", "ner", "named entities (CoNLL-2003, WNUT-17, WikiANN)"),
+    "chunk": ("tagging", -1, "auto", "chunks", "phrase chunks (CoNLL-2000; ELECTRA's tagging task)"),
+    "pos": ("tagging", -1, "none", "pos", "part-of-speech tags (no entities: f1 = accuracy)"),
+    "swag": ("multiple_choice", 0, "", "", "SWAG (4 endings) or any JSONL multiple choice"),
+}
+
+
+def token_and_choice_config(arg: str):
+  """A token-classification (ner, chunk, pos) or multiple-choice (swag) preset."""
+  kind, tag_column, scheme, tfds_feature, _ = TOKEN_AND_CHOICE_TASKS[arg]
+  c = get_config("sst2")  # the shared run, model and optimizer sections
+  c.model.head = "pooler"  # multiple choice: BertForMultipleChoice's pooler head (tagging has no pooler)
+  if kind == "tagging":
+    c.task = dict(
+        kind=kind, name=arg,
+        source="",  # conll:DIR (DIR/train_file, DIR/eval_file) | tfds:conll2003
+        train_file="train.txt", eval_file="dev.txt",  # conll: file names in DIR
+        token_column=0, tag_column=tag_column,  # conll: 0-based columns (negative from the end)
+        strip_token_prefix="",  # conll: removed from each token (WikiANN's "en:")
+        tag_scheme=scheme,  # auto (detected from the training tags) | iob1 | iob2 | bioes | none (POS)
+        label_all_subwords=False,  # also train on later subwords (B- -> I-); scoring reads first subwords only
+        window_stride=0,  # subwords between windows over a long sentence; 0: half the window
+        tfds_tag_feature=tfds_feature, train_split="train", eval_split="dev",  # tfds (conll2003: train, dev, test)
+        max_train_examples=0, max_eval_examples=0,  # sentences; 0: all
+    )
+    # transformers examples/pytorch/token-classification/run_ner.py, its README's recipe and Trainer's
+    # defaults: seq 128, lr 5e-5, 3 epochs, batch 32, linear decay from the start (no warmup), no
+    # weight decay, Adam eps 1e-8, clipping at 1.0, epochs counted as Trainer counts them.
+    c.seq_len, c.learning_rate, c.epochs, c.batch_size = 128, 5e-5, 3.0, 32
+    c.warmup_fraction, c.epoch_mode = 0.0, "transformers"
+    c.optimizer.update(weight_decay=0.0, eps=1e-8, schedule="linear_after_warmup")
+  else:
+    c.task = dict(
+        kind=kind, name=arg,
+        source="",  # swag:DIR (SWAG's CSV: sent1, sent2, ending0-3, label) | jsonl:DIR ({"context",
+        # "question", "choices": [...], "label"} a line)
+        train_file="train.csv", eval_file="val.csv",  # file names in DIR (jsonl: e.g. train.jsonl, dev.jsonl)
+        max_train_examples=0, max_eval_examples=0,
+    )
+    # BERT §4.4 (SWAG): lr 2e-5, batch 16, 3 epochs; 10% warmup and the rest of run_classifier's recipe.
+    c.seq_len, c.learning_rate, c.epochs, c.batch_size = 128, 2e-5, 3.0, 16
+  return c
+

@@ -1,5 +1,6 @@
-"""The fine-tuning model (bertjax's Embeddings + Encoder and a BERT or ELECTRA classification head), its
-initialization from pretrained weights, and ELECTRA's layer-wise learning-rate decay."""
+"""The fine-tuning models (bertjax's Embeddings + Encoder and a task head: BERT's or ELECTRA's sentence
+classifier, the per-token tagger, multiple choice), their initialization from pretrained weights, and
+ELECTRA's layer-wise learning-rate decay."""
 
 import functools
 import json
@@ -47,6 +48,40 @@ class Classifier(nn.Module):
     else:
       pooled = drop(jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pooler")(hidden[:, 0])))
     return dense(c, c.hidden_size, self.num_outputs, (sh.EMBED, None), "classifier")(pooled).astype(jnp.float32)
+
+
+class TokenClassifier(nn.Module):
+  """Tag logits [batch, seq, num_labels] at every position: encoder, dropout, linear; no pooler
+  (BertForTokenClassification, and RoBERTa's, ALBERT's and ELECTRA's, which are the same)."""
+
+  cfg: EncoderConfig
+  num_labels: int
+  classifier_dropout: float = 0.1
+  deterministic: bool = True
+  labels: tuple = ()  # tag names in id order, their scheme and the tokenizer's spec: kept with the model so
+  scheme: str = ""  # that a saved one reads back
+  tokenizer: str = ""
+
+  @nn.compact
+  def __call__(self, input_ids, type_ids, groups, head_gates=None):
+    """head_gates: optional [layers, heads] multipliers of the attention heads (compress.prune)."""
+    c = self.cfg
+    x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic)
+    hidden = Encoder(c, self.deterministic, name="encoder")(x, groups, head_gates)
+    hidden = nn.Dropout(self.classifier_dropout)(hidden, deterministic=self.deterministic)
+    return dense(c, c.hidden_size, self.num_labels, (sh.EMBED, None), "classifier")(hidden).astype(jnp.float32)
+
+
+class MultipleChoice(Classifier):
+  """BertForMultipleChoice: inputs [B, choices, S] flattened to pairs, the one-output pooler classifier
+  on each, scores [B, choices] (the same parameters as Classifier(num_outputs=1))."""
+
+  tokenizer: str = ""  # the checkpoint tokenizer's spec, kept with the model so that a saved one reads back
+
+  def __call__(self, input_ids, type_ids, groups, head_gates=None):
+    shape = input_ids.shape
+    flat = lambda x: x.reshape(-1, shape[-1])
+    return super().__call__(flat(input_ids), flat(type_ids), flat(groups), head_gates).reshape(shape[:-1])
 
 
 @functools.lru_cache(maxsize=4)

@@ -16,6 +16,8 @@ from bertjax.core.errors import UserError
 KINDS = {
     "classification": "bertjax.finetune.classification",
     "squad": "bertjax.finetune.squad",
+    "tagging": "bertjax.finetune.tagging",
+    "multiple_choice": "bertjax.finetune.multiple_choice",
 }
 DEFAULT_KIND = "classification"  # configs written before task.kind existed are classification runs
 
