@@ -54,6 +54,12 @@ def get_config(arg: str = "sst2"):
   # batches from a stream of reshuffled epochs, warmup int(fraction * total). transformers (Trainer):
   # ceil(N / batch) batches an epoch, the last one partial (padded rows weigh 0), warmup ceil(fraction * total).
   c.epoch_mode = "bert"
+  # Length buckets (bertjax.finetune.batches): each batch is cut to the smallest bucket holding its longest
+  # row; auto = 32, 64, ... up to seq_len (one compiled step per bucket); none = every batch padded to seq_len.
+  c.bucket_lengths = "auto"
+  # Rows are sorted by length within windows of this many shuffled batches, whose batches then run in a
+  # seeded random order (transformers' group_by_length uses 50); 0 or 1: no grouping.
+  c.length_window = 50
   c.learning_rate = 2e-5  # peak
   c.log_every = 50
   c.eval_every = 0  # 0: evaluate only at the end
