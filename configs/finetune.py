@@ -74,6 +74,8 @@ def get_config(arg: str = "sst2"):
       tfds_text_a=tf_a, tfds_text_b=tf_b,  # tfds feature names
       header=task != "cola",  # whether the TSVs start with a header row
       eval_file=dev,  # tsv: the file to evaluate on
+      extra_eval="mismatched" if task == "mnli" else "",  # further eval splits NAME: tsv dev_NAME.tsv, tfds
+      # validation_NAME; their metrics are reported as METRIC_NAME (MNLI: accuracy_mismatched)
       eval_split="validation_matched" if task == "mnli" else "validation",  # tfds
       labels=",".join(labels) if labels else "",  # label names in id order; empty: regression
       tfds_labels=",".join(TFDS_LABELS.get(task, labels or ())),

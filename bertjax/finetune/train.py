@@ -202,13 +202,15 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   train, layout = setup["train"], setup["train_layout"]
   losses, t0, t_log = [], time.time(), time.time()
   positions = real = 0  # computed token positions and real tokens since the last log line
+  positions_all = real_all = seconds_eval = 0
   result = {}
   for step in range(total):
     batch = train_batch(train, step, config, seed, layout)
     params, opt_state, loss = step_fn(params, opt_state, batch, jnp.uint32(seed), jnp.int32(step))
     losses.append(loss)
-    positions += batch["input_ids"].size
-    real += int(np.asarray(batch["groups"] > 0).sum())
+    computed, real_now = batch["input_ids"].size, int(np.count_nonzero(batch["groups"]))
+    positions, real, positions_all, real_all = positions + computed, real + real_now, positions_all + computed, \
+        real_all + real_now
     done = step + 1
     if done % config.log_every == 0 or done == total:
       values = {"train/loss": float(np.mean(jax.device_get(losses))), "lr": float(lr_schedule(
@@ -218,9 +220,16 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
       writer.progress(done, total, values, time.time() - t0, done)
       losses, t_log, positions, real = [], time.time(), 0, 0
     if (config.eval_every and done % config.eval_every == 0) or done == total:
+      jax.block_until_ready(params)  # the steps still in flight are training time
+      t_eval = time.time()
       result = task.evaluate(outputs_of(params), setup["data"], config, seed_dir)
       writer.write(done, {f"eval/{k}": v for k, v in result.items()})
+      seconds_eval += time.time() - t_eval
   writer.close()
+  # The seed's cost (compiles included, so the first seed of a run pays them): training steps, evaluations,
+  # and the share of the token positions computed that were real tokens (what length buckets raise).
+  setup.setdefault("timing", []).append(dict(train_seconds=time.time() - t0 - seconds_eval,
+                                             eval_seconds=seconds_eval, real_token_share=real_all / positions_all))
   if config.save_model and hasattr(task, "save_model"):
     task.save_model(os.path.join(seed_dir, MODEL_DIR), setup["run_config"], eval_model, params)
   return result
@@ -269,7 +278,7 @@ def finetune(config, workdir: str) -> dict:
     print(f"{config.task.name} {name}: median {s['median']:.4f}, mean {s['mean']:.4f} +- {s['std']:.4f} "
           f"over {len(per_seed)} seeds", flush=True)
   results = dict(task=config.task.name, seeds=[config.seed + s for s in range(config.seeds)], per_seed=per_seed,
-                 summary=summary, steps=setup["total"], **info)
+                 summary=summary, steps=setup["total"], timing=setup["timing"], **info)
   with open(os.path.join(workdir, "results.json"), "w") as f:
     json.dump(results, f, indent=2)
   return results
