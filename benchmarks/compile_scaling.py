@@ -19,7 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax
 from absl import app, flags
 
-from bertjax import bench, config as config_lib, runtime
+from bertjax.core import config as config_lib, runtime
+from bertjax.train import bench
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (name, shallow config, deep config, model overrides)

@@ -96,7 +96,7 @@ def main():
   # MLM alone does not train the pooler, so the run has none; fine-tuning starts its classifier from the
   # pretrained pooler where a checkpoint has one, so the adapted checkpoint gets the original's, unchanged,
   # and the two fine-tunings differ only in the encoder.
-  from bertjax.interop import safetensors_io
+  from bertjax.hf import safetensors_io
 
   pooler = {("" if k.startswith("bert.") else "bert.") + k: v
             for k, v in safetensors_io.read_dir(checkpoint).items() if "pooler.dense" in k}
@@ -104,7 +104,7 @@ def main():
   safetensors_io.write_file(path, {**safetensors_io.read_file(path), **pooler}, {"format": "pt"})
 
   # ---------------------------------------------------------------- SST-2 from the original and the adapted
-  from bertjax import runtime
+  from bertjax.core import runtime
 
   runtime.setup()
   from bertjax.finetune import train

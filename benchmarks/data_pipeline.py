@@ -4,7 +4,7 @@
   python benchmarks/data_pipeline.py --corpus='../shared/data/pretrain/wiki-00.txt' --json=/tmp/data.json
 
 What it measures, on this machine:
-1. Preparation (`python -m bertjax.prepare`, a separate process each, as a user runs it) of a text corpus
+1. Preparation (`python -m bertjax.data.prepare`, a separate process each, as a user runs it) of a text corpus
    (one paragraph a line, split into sentences) for `--config`, with the tokenizer trained once
    beforehand so the runs time the instance pass alone: tokens/s with 1 and with 2 worker processes
    (per worker, and the 1 -> 2 scaling), and the corpus 4x over (the same files linked four times)
@@ -16,7 +16,7 @@ What it measures, on this machine:
    for 1x and 4x to be comparable: the default 16 MB does.
 2. The loader: tokens/s that `pipeline.batch_at` delivers from the memory-mapped shards at the config's
    batch size (host arrays, and moved to the device), against the tokens/s the config's train step
-   consumes (`bertjax.bench.measure`), and the loader's resident-memory growth.
+   consumes (`bertjax.train.bench.measure`), and the loader's resident-memory growth.
 
   python benchmarks/data_pipeline.py --compare --mb=4 --steps=200  # our shards and loader vs ArrayRecord and grain
 
@@ -25,7 +25,7 @@ What it measures, on this machine:
 3. `--hosts=N` (alone): the read rate of each of N hosts taking its share of every global batch
    (`pipeline.batch_at` with process_index p of N: batch_size / N rows a step, a fresh memory map per host),
    rows/s, tokens/s and MB/s of rows, the shard files each host opened, against one host reading whole
-   batches. Over `--shards=DIR` (prepared by `python -m bertjax.prepare`), else the config's own data.
+   batches. Over `--shards=DIR` (prepared by `python -m bertjax.data.prepare`), else the config's own data.
 4. `--compare` (alone): the same prepared train rows (batch 256, seq 128) read side by side in one run:
    random-access batch reads of our .rows shard (memmap) vs the same rows as ArrayRecord records
    (group_size 1, uncompressed: the random-access setting), and our loader (`pipeline.batch_at`, a per-(seed, epoch)
@@ -82,7 +82,7 @@ def tree_rss(pid: int) -> int:
 def run_prepare(config: str, source_glob: str, out: str, workers: int, tokenizer: str = "",
                 extra=()) -> dict:
   """Runs the prepare CLI; returns its metadata's timing and counts with the peak memory of its processes."""
-  cmd = [sys.executable, "-m", "bertjax.prepare", f"--config={config}", f"--config.data.source=text:{source_glob}",
+  cmd = [sys.executable, "-m", "bertjax.data.prepare", f"--config={config}", f"--config.data.source=text:{source_glob}",
          "--config.data.split_paragraphs=True", f"--out={out}", f"--workers={workers}", "--overwrite", *extra]
   if tokenizer:
     cmd.append(f"--config.data.tokenizer={tokenizer}")
@@ -139,7 +139,7 @@ def times_four(source_glob: str, directory: str) -> str:
 def loader_throughput(config_spec: str, shards_dir: str, steps: int) -> dict:
   """Tokens/s of pipeline.batch_at on the shards (host, and with the device transfer), its memory growth."""
   import jax
-  from bertjax import config as config_lib
+  from bertjax.core import config as config_lib
   from bertjax.data import pipeline
 
   config = config_lib.load(os.path.join(REPO, config_spec))
@@ -162,7 +162,7 @@ def loader_throughput(config_spec: str, shards_dir: str, steps: int) -> dict:
 
 def per_host_reads(config_spec: str, hosts: int, steps: int, shards_dir: str = "") -> dict:
   """Each of `hosts` processes' read rate of its share of every global batch (see the docstring, 3.)."""
-  from bertjax import config as config_lib
+  from bertjax.core import config as config_lib
   from bertjax.data import pipeline, shards
 
   config = config_lib.load(os.path.join(REPO, config_spec))
@@ -203,7 +203,7 @@ def compare_grain_arrayrecord(mb: float, steps: int, batch: int = 256, seq_len: 
   import numpy as np
   from array_record.python import array_record_data_source, array_record_module
 
-  from bertjax import config as config_lib
+  from bertjax.core import config as config_lib
   from bertjax.data import pipeline, prepare_lib, shards
 
   tmp = tempfile.mkdtemp()
@@ -269,7 +269,7 @@ def main():
   parser.add_argument("--hosts", type=int, default=0, help="only: each of N hosts' read rate of its batch share")
   parser.add_argument("--shards", default="", help="--hosts: prepared shards to read (default: the config's data)")
   args = parser.parse_args()
-  from bertjax import runtime
+  from bertjax.core import runtime
 
   runtime.setup()  # what every entry point does first: platform, host memory, JAX flags
 
@@ -308,7 +308,8 @@ def main():
     print("loader and train step ...", flush=True)
     loader = loader_throughput(args.config, os.path.join(tmp, "1x_w2"), args.steps)
 
-  from bertjax import bench, config as config_lib
+  from bertjax.core import config as config_lib
+  from bertjax.train import bench
 
   step = bench.measure(config_lib.load(os.path.join(REPO, args.config)), steps=5, warmup=2)
   results = dict(config=args.config, corpus=args.corpus or f"demo text, {args.mb} MB", cpus=os.cpu_count(),

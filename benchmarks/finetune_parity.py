@@ -60,7 +60,7 @@ def write_subset(glue_dir: str, task: str, n: int, out: str) -> str:
 
 
 def finetune_config(args, task: str, data_dir: str, seed: int):
-  from bertjax import config as config_lib
+  from bertjax.core import config as config_lib
 
   c = config_lib.load(os.path.join(REPO, f"configs/finetune.py:{TASKS[task][2]}"))
   c.seed, c.seeds, c.batch_size, c.seq_len, c.epochs = seed, 1, args.batch_size, args.seq_len or TASKS[task][3], 3.0
@@ -157,7 +157,7 @@ def same_inputs(config, data_dir, columns, labels) -> tuple[int, int]:
   import transformers
 
   from bertjax.finetune import data as task_data
-  from bertjax import inference
+  from bertjax.hf import inference
 
   tok = inference.load(hf_dir=config.init.checkpoint).tokenizer
   ours = task_data.encode(task_data.read_split(config.task, False), tok, config.seq_len)
@@ -186,7 +186,7 @@ def main():
   p.add_argument("--work_dir", default="/tmp/bertjax-finetune-parity")
   p.add_argument("--json", default="")
   args = p.parse_args()
-  from bertjax import runtime
+  from bertjax.core import runtime
 
   runtime.setup()  # what every entry point does first: platform, host memory, JAX flags
   if not args.checkpoint:

@@ -143,7 +143,7 @@ def main():
   p.add_argument("--work_dir", default="/tmp/bertjax-finetune-speed")
   p.add_argument("--json", default="")
   args = p.parse_args()
-  from bertjax import runtime
+  from bertjax.core import runtime
 
   runtime.setup()
   if not args.checkpoint:

@@ -10,7 +10,7 @@ masked held-out batches every `--eval_every` steps. Target: the final eval MLM l
 
 Data: `--corpus` (default: ../shared/data/pretrain/*-00.txt, one Wikipedia and one books file, ~34 MB;
 one paragraph a line, blank lines between documents). It is prepared once into shards under
-`--work_dir` with a SentencePiece vocabulary of `--vocab` trained on it (`python -m bertjax.prepare`'s
+`--work_dir` with a SentencePiece vocabulary of `--vocab` trained on it (`python -m bertjax.data.prepare`'s
 code path); later runs reuse the shards. Prints both curves, the final difference and tokens/s per side,
 and writes a PNG plot (matplotlib) to `--plot`.
 """
@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def make_config(args):
-  from bertjax import config as config_lib
+  from bertjax.core import config as config_lib
 
   c = config_lib.load(os.path.join(REPO, "configs/bert.py:tiny"))
   c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = (
@@ -101,7 +101,7 @@ def main():
   p.add_argument("--plot", default="", help="PNG path (default: WORK_DIR/learning_parity.png)")
   p.add_argument("--json", default="", help="also write the curves as JSON here")
   args = p.parse_args()
-  from bertjax import runtime
+  from bertjax.core import runtime
 
   runtime.setup()  # what every entry point does first: platform, host memory, JAX flags
   if args.steps < args.eval_every or args.layers < 1:
@@ -116,9 +116,10 @@ def main():
   import torch
   import torch_reference as ref
 
-  from bertjax import build, config as config_lib, sharding, step as step_lib
+  from bertjax.core import config as config_lib, sharding
   from bertjax.data import pipeline
-  from bertjax.interop import convert
+  from bertjax.hf import convert
+  from bertjax.train import build, step as step_lib
 
   os.makedirs(args.work_dir, exist_ok=True)
   config = prepared(make_config(args), args.work_dir)

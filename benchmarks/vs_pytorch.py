@@ -13,14 +13,14 @@ load; the medians and their ratio are printed, then one JSON line.
 (`--torch_head=masked`) the PyTorch side gathers the masked positions and applies the same prediction head
 (HF's own `cls.predictions`) to them only, so both do the same FLOPs per token and the ratio of tokens/s is
 the ratio of speed. `--torch_head=all` runs stock `BertForPreTraining` instead; then the FLOP-normalized ratio
-(both counted by `bertjax.flops`, HF's with the head on every position) is the comparable one.
+(both counted by `bertjax.model.flops`, HF's with the head on every position) is the comparable one.
 
 CPU (default): float32, dropout 0.1 on both sides, PyTorch's default attention; MFU against a 2048^3 float32
-matmul timed between bertjax's steps, as `python -m bertjax.bench` does.
+matmul timed between bertjax's steps, as `python -m bertjax.train.bench` does.
 GPU (`--device=gpu`): bfloat16 compute; bertjax with its fastest attention (`model.attention=auto`: cuDNN
 flash attention, which needs attention dropout 0, so both sides train with attention dropout 0 and hidden
 dropout 0.1); PyTorch with bf16 autocast, SDPA attention and fused AdamW, eager and (a second row)
-`torch.compile`d. MFU against the GPU's dense bf16 peak (`bertjax.flops.PEAK_FLOPS`), peak memory of each.
+`torch.compile`d. MFU against the GPU's dense bf16 peak (`bertjax.model.flops.PEAK_FLOPS`), peak memory of each.
 
   python benchmarks/vs_pytorch.py                        # CPU: tiny (batch 32) and base (batch 8), seq 128
   python benchmarks/vs_pytorch.py --variants=base --batch_size=8 --steps=5 --rounds=3
@@ -43,12 +43,15 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from bertjax import bench, config as config_lib, flops, runtime
+from bertjax.core import config as config_lib, runtime
 from bertjax.data.tokenizer import SPM_SPECIAL
+from bertjax.model import config as model_config, flops
+from bertjax.objectives import masking
+from bertjax.train import bench
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Default (batch, seq_len) per device and variant. CPU: tiny's own recipe; base at the batch `python -m
-# bertjax.bench` is quoted at. GPU: the shapes the issue's targets name (BERT-large at 512, base at 128), with
+# bertjax.train.bench` is quoted at. GPU: the shapes the issue's targets name (BERT-large at 512, base at 128), with
 # batches that keep one H100 busy.
 SHAPES = {"cpu": {"tiny": (32, 128), "base": (8, 128), "large": (4, 128)},
           "gpu": {"large": (32, 512), "base": (128, 128), "tiny": (256, 128)}}
@@ -106,7 +109,7 @@ def torch_batch(config, batch: dict, seed: int = 0) -> dict:
   rng = np.random.default_rng(seed)
   ids = batch["input_ids"].copy()
   labels = np.full_like(ids, -100)
-  p = config_lib.masking_config(config, sp)
+  p = masking.make_config(config, sp)
   positions = np.zeros((ids.shape[0], p.max_predictions), np.int64)
   slot_labels = np.full((ids.shape[0], p.max_predictions), -100, np.int64)
   for row in range(ids.shape[0]):
@@ -243,9 +246,9 @@ class TorchProcess:
 
 def hf_flops_per_token(config) -> float:
   """Training FLOPs per token of HF's model: bertjax's count with the MLM head on every position."""
-  from bertjax import flops
+  from bertjax.model import flops
 
-  cfg = config_lib.encoder_config(config.model)
+  cfg = model_config.encoder_config(config.model)
   return flops.train_flops_per_token(cfg, config.seq_len, config.seq_len, sentence_head=True)
 
 
@@ -253,7 +256,7 @@ def compare(config, steps: int, rounds: int, sides: dict, device: str) -> dict:
   """Side-by-side medians of one `bert_config`'s train step in bertjax and in each PyTorch process of
   `sides` (name -> TorchProcess, each holding its model). MFU: on CPU against a 2048^3 float32 XLA matmul
   timed between bertjax's steps (same machine load), on GPU against the device's dense bf16 peak. Each side's
-  FLOPs per token are counted the same way (`bertjax.flops`): equal for the masked-only head."""
+  FLOPs per token are counted the same way (`bertjax.model.flops`): equal for the masked-only head."""
   b = bench.setup(config)
   compiled, compile_seconds = bench.compile_step(b)
   state = b.steps.init(jax.random.key(0))

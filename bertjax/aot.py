@@ -9,8 +9,9 @@ import re
 
 from absl import flags
 
-from bertjax import runtime
-from bertjax.errors import UserError, cli, config_and_phase_flags, run
+from bertjax.core import runtime
+from bertjax.core.cli import cli, config_and_phase_flags, run
+from bertjax.core.errors import UserError
 
 
 # Per generation: jax topology prefix, HBM per chip (GiB), how slice names count (cores or chips),
@@ -64,8 +65,8 @@ def _compile(config, mesh):
   """(build.Steps, the compiled train step) for `config` on `mesh`, from abstract state and batch."""
   import jax
 
-  from bertjax import build
   from bertjax.data.tokenizer import SPM_SPECIAL
+  from bertjax.train import build
 
   steps = build.make_steps(config, mesh, SPM_SPECIAL)
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=steps.batch_sharding)
@@ -102,11 +103,13 @@ def _depth_extrapolated_cost(config, mesh) -> dict:
 def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
   """Lowers and compiles the real train step for topology `t`; returns the figures. With
   `unrolled_estimate`, XLA's FLOPs and step time of a scanned model come from `_depth_extrapolated_cost`."""
-  from bertjax import config as config_lib, flops, sharding
+  from bertjax.core import sharding
+  from bertjax.model import attention as attention_lib, flops
   from bertjax.model.encoder import layers_per_iteration
+  from bertjax.train import build
 
-  from bertjax import build
-  from bertjax.model import attention as attention_lib
+  if config.get("teacher"):  # a distillation config: the Distiller plugs into the factory from above
+    from bertjax.compress import distill  # noqa: F401
 
   notes = []
   if config.model.attention in attention_lib.WITHOUT_DROPOUT and config.model.attention_dropout > 0:
@@ -116,7 +119,7 @@ def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
                  f"attention_dropout=0 (was {config.model.attention_dropout}; training needs "
                  "--config.model.attention_dropout=0)")
     config.model.attention_dropout = 0.0
-  config_lib.validate(config)
+  build.validate(config)
   devices = topology_devices(t)
   mesh = sharding.make_mesh(config.sharding, devices=devices, overrides=dict(config.mesh))
   notes.append(build.attention_notice(config, mesh))

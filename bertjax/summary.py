@@ -11,8 +11,11 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import build, config as config_lib, flops, masking, runtime
-from bertjax.errors import cli, run
+from bertjax.core import config as config_lib, runtime
+from bertjax.core.cli import cli, run
+from bertjax.model import flops
+from bertjax.objectives import masking
+from bertjax.train import build
 
 # Top-level modules of each network (ELECTRA); the rest of the models are one network.
 GENERATOR = ("embeddings", "generator_encoder", "generator_mlm")
@@ -72,7 +75,9 @@ def heads(config, model, params) -> list:
 
 def summarize(config) -> str:
   """The summary text of a config (what the CLI prints)."""
-  config_lib.validate(config)
+  if config.get("teacher"):  # a distillation config: the Distiller plugs into the factory from above
+    from bertjax.compress import distill  # noqa: F401
+  build.validate(config)
   model, params = build.make_model(config), build.param_shapes(config)
   lines = [f"{'module':<48} {'params':>14}", "-" * 63]
   lines += [f"{name:<48} {n:>14,}" for name, n in table(params)]

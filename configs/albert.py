@@ -10,7 +10,7 @@ activations or FLOPs.
   python -m bertjax.summary --config=configs/albert.py:base --config.model.sharing=none   # 89780402
 """
 
-from bertjax.config import defaults, tiny_on_demo
+from bertjax.core.config import defaults, tiny_on_demo
 
 # name: (layers, hidden, heads, ffn), all with E=128. As published (Table 1); tiny is for CPU.
 SIZES = {

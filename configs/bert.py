@@ -11,7 +11,7 @@ schedule through both phases); Adam(1e-4, b2=0.999, wd 0.01), 10k warmup steps, 
   python -m bertjax.summary --config=configs/bert.py:large                          # params: 336226108
 """
 
-from bertjax.config import defaults, phase, tiny_on_demo
+from bertjax.core.config import defaults, phase, tiny_on_demo
 
 # name: (layers, hidden, heads, ffn). base/large as published; tiny is a CPU smoke-test size.
 SIZES = {

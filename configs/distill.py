@@ -19,7 +19,7 @@ also trains the same student without the teacher (same data, seed, steps) and re
 TinyBERT's losses: --config.objectives.distill_hidden=1 --config.objectives.distill_attention=1.
 """
 
-from bertjax.config import defaults, tiny_on_demo
+from bertjax.core.config import defaults, tiny_on_demo
 
 # name: (layers, hidden, heads, ffn) of the student. distilbert: DistilBERT-base (of BERT-base).
 SIZES = {

@@ -11,7 +11,7 @@ Data as google-research/electra's build_pretraining_dataset.py makes it: data.fo
   python -m bertjax.summary --config=configs/electra.py:base        # discriminator params: 109483009
 """
 
-from bertjax.config import defaults, tiny_on_demo
+from bertjax.core.config import defaults, tiny_on_demo
 
 # name: (layers, hidden, heads, ffn, embedding, generator fraction, batch, lr, steps, seq, mask rate).
 VARIANTS = {

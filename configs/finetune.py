@@ -64,7 +64,7 @@ def get_config(arg: str = "sst2"):
   c.log_every = 50
   c.eval_every = 0  # 0: evaluate only at the end
   c.eval_batch_size = 64
-  c.save_model = False  # write each seed's fine-tuned model to WORKDIR/seed_S/model (what bertjax.heads reads)
+  c.save_model = False  # write each seed's fine-tuned model to WORKDIR/seed_S/model (what bertjax.compress.prune reads)
   # Task.
   c.task = dict(
       kind="classification",  # task family (bertjax.finetune.tasks.KINDS); span and token tasks have their own
@@ -98,7 +98,7 @@ def get_config(arg: str = "sst2"):
       dtype="float32",  # compute dtype: float32 | bfloat16
       quantize="",  # int8: quantization-aware fine-tuning and int8 evaluation of the encoder's matmuls (qwix)
   )
-  # Optimizer (bertjax.optim names).
+  # Optimizer (bertjax.train.optim names).
   c.optimizer = dict(
       # schedule: linear (BERT's run_classifier: decay to 0 over all steps) | linear_after_warmup
       # (transformers' get_linear_schedule_with_warmup) | electra | cosine

@@ -14,7 +14,7 @@ Positions: 514 (HF counts the padding offset).
   python -m bertjax.summary --config=configs/roberta.py:base       # params: 124697433
 """
 
-from bertjax.config import defaults, tiny_on_demo
+from bertjax.core.config import defaults, tiny_on_demo
 
 # name: (layers, hidden, heads, ffn, peak lr, warmup): paper Table 9 (tiny is for CPU).
 VARIANTS = {
@@ -50,7 +50,7 @@ def get_config(arg: str = "base"):
   c.objectives.mlm = 1.0
   # Optimizer: Table 9's Adam betas (0.9, 0.98), eps 1e-6, weight decay 0.01 (fairseq's adam decouples it, as
   # AdamW; fairseq decays every parameter, bertjax not biases and LayerNorm), gradient clipping 0.0 (fairseq
-  # --clip-norm 0.0: none; bertjax.optim treats 0 as off); linear decay as fairseq's polynomial_decay (power
+  # --clip-norm 0.0: none; bertjax.train.optim treats 0 as off); linear decay as fairseq's polynomial_decay (power
   # 1, end lr 0), which decays over the steps after warmup.
   c.optimizer.name, c.optimizer.b1, c.optimizer.b2, c.optimizer.eps = "adamw", 0.9, 0.98, 1e-6
   c.optimizer.weight_decay, c.optimizer.clip_norm = 0.01, 0.0

@@ -13,7 +13,7 @@ The span sampler is SpanBERT's own (facebookresearch/SpanBERT masking.py; `maski
   python -m bertjax.summary --config=configs/spanbert.py:base      # params: 110301480
 """
 
-from bertjax.config import defaults, tiny_on_demo
+from bertjax.core.config import defaults, tiny_on_demo
 
 # name: (layers, hidden, heads, ffn). base and large are BERT's (paper §4.1: "the model configuration of
 # BERT-large"; spanbert-base-cased is BERT-base's shape); tiny is for CPU.

@@ -14,7 +14,7 @@ BERT's 1M steps of 256 sequences, which BERT's paper (§A.2) states are about 40
   python -m bertjax.summary --config=configs/structbert.py:base    # params: 110107197
 """
 
-from bertjax.config import defaults, tiny_on_demo
+from bertjax.core.config import defaults, tiny_on_demo
 
 # name: (layers, hidden, heads, ffn): BERT-base and BERT-large (paper §3); tiny is for CPU.
 SIZES = {

@@ -48,7 +48,7 @@ _COUNTS_TENSORCORES = ("v2", "v3", "v4", "v5p")
 class UserError(Exception):
   """A problem the user can fix; main() prints it as one `error: ...` line and exits 2.
 
-  Not bertjax.errors.UserError: importing the package would tie this launcher to
+  Not bertjax.core.errors.UserError: importing the package would tie this launcher to
   an installed bertjax, and it has to run where only gcloud is installed.
   """
 

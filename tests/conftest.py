@@ -18,7 +18,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
-from bertjax import config as config_lib, runtime  # noqa: E402
+from bertjax.core import config as config_lib, runtime  # noqa: E402
 
 runtime.setup()  # as every entry point does, before JAX runs anything
 

@@ -12,8 +12,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, if not installed
 from conftest import micro  # noqa: E402
 
-from bertjax import build, loop, sharding  # noqa: E402
+from bertjax.core import sharding  # noqa: E402
 from bertjax.data.tokenizer import SPM_SPECIAL  # noqa: E402
+from bertjax.train import build, loop
 
 STEPS = 3
 
@@ -83,7 +84,7 @@ def main():
 def restore_elsewhere(config, preset, state, workdir):
   """Saves a state trained under `preset` on 8 devices; restores it under the other sharded preset on 8 and
   under dp on one."""
-  from bertjax import checkpoint
+  from bertjax.train import checkpoint
 
   ckpt = checkpoint.Checkpointer(workdir)
   ckpt.save(1, state, {"note": "test"}, force=True)

@@ -1,4 +1,4 @@
-"""Attention analysis (bertjax.analysis): the statistics on hand-made attention, and the command's files."""
+"""Attention analysis (bertjax.compress.analysis): the statistics on hand-made attention, and the command's files."""
 
 import json
 import os
@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from bertjax import analysis
+from bertjax.compress import analysis
 
 CLS, SEP = 2, 3
 
@@ -53,9 +53,8 @@ def test_inputs_of_different_lengths_average_over_all_query_tokens():
 
 def test_the_command_writes_its_json_and_png(tmp_path, capsys):
   """On a random micro model imported from HF files: padded batches give the stats of unpadded inputs."""
-  from bertjax import inference
-  from bertjax.data.tokenizer import load_tokenizer
-  from bertjax.interop import convert, tokenizers as hf_tokenizers
+  from bertjax.data.tokenizer_spec import load_tokenizer
+  from bertjax.hf import convert, inference, tokenizers as hf_tokenizers
   from conftest import micro
 
   words = "the a cat dog sat on mat and ran to house".split()

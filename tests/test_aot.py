@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from bertjax import aot
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from conftest import MICRO_FLAGS, REPO
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bertjax import config as config_lib
-from bertjax.errors import UserError
-from bertjax.model import attention as attention_lib
+from bertjax.core.errors import UserError
+from bertjax.model import attention as attention_lib, config as model_config
 from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig
+from bertjax.train import build
 from conftest import encoder_only, load_config, train_cli
 
 CFG = EncoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
@@ -90,14 +90,14 @@ def test_auto_picks_the_platform_kernel_and_falls_back_with_a_notice():
 
 def test_config_checks_fused_choices():
   c = load_config("configs/bert.py:tiny")
-  assert config_lib.encoder_config(c.model).attention == "xla"  # auto on this CPU
+  assert model_config.encoder_config(c.model).attention == "xla"  # auto on this CPU
   for attention, dropout, dtype, fragment in [("cudnn", 0.1, "bfloat16", "attention_dropout=0"),
                                               ("dot_product", 0.1, "float32", "applies no dropout"),
                                               ("cudnn", 0.0, "float32", "--config.model.dtype=bfloat16"),
                                               ("flash", 0.0, "float32", "use one of")]:
     c.model.update(attention=attention, attention_dropout=dropout, dtype=dtype)
     with pytest.raises(UserError, match=fragment.replace(".", r"\.")):
-      config_lib.validate(c)
+      build.validate(c)
 
 
 def test_fused_choice_with_attention_dropout_exits_2(tmp_path):

@@ -125,7 +125,7 @@ def test_without_workdir_a_run_gets_a_fresh_one(tmp_path, monkeypatch):
   assert os.listdir(tmp_path / "bertjax") == [os.path.basename(workdir)]
   import tempfile
 
-  from bertjax.errors import default_workdir
+  from bertjax.core.cli import default_workdir
 
   monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
   assert default_workdir("configs/bert.py:tiny") != default_workdir("configs/bert.py:tiny")

@@ -8,9 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax import bench, build, config as config_lib, flops
+from bertjax.core import config as config_lib
+from bertjax.core.errors import UserError
 from bertjax.data.tokenizer import SPM_SPECIAL
-from bertjax.errors import UserError
+from bertjax.model import flops
+from bertjax.train import bench, build
 from conftest import REPO, micro
 
 KEYS = ("tokens_per_sec", "step_seconds", "compile_seconds", "model_flops_per_token", "mfu", "peak_memory_bytes")
@@ -20,7 +22,7 @@ MICRO_FLAGS = ["--config.model.hidden_size=64", "--config.model.num_heads=2", "-
 
 
 def test_bench_cli_prints_one_json_object():
-  cmd = [sys.executable, "-m", "bertjax.bench", "--config=configs/bert.py:tiny", *MICRO_FLAGS,
+  cmd = [sys.executable, "-m", "bertjax.train.bench", "--config=configs/bert.py:tiny", *MICRO_FLAGS,
          "--batch_size=4", "--steps=3", "--warmup=1"]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -11,8 +11,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bertjax import checkpoint, loop
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
+from bertjax.train import checkpoint, loop
 from conftest import micro, read_metrics, train_cli
 
 

@@ -7,8 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax import config as config_lib, optim
-from bertjax.errors import UserError
+from bertjax.core import config as config_lib
+from bertjax.core.errors import UserError
+from bertjax.train import build, optim
 from conftest import REPO, load_config
 
 BAD = [
@@ -29,7 +30,7 @@ BAD = [
     ({"phases": (config_lib.phase(0.5), config_lib.phase(0.5, seq_len=64, max_predictions=65))},
      "phases.1..max_predictions=65 must be between 1 and seq_len=64"),
     ({"phases": (config_lib.phase(0.9999), config_lib.phase(0.0001))}, "phase 2 has no steps"),
-    ({"phases": ({"fraction": 1.0, "seq_len": 64},)}, "make each phase with bertjax.config.phase"),
+    ({"phases": ({"fraction": 1.0, "seq_len": 64},)}, "make each phase with bertjax.core.config.phase"),
     ({"data.format": "electra2"}, "use auto, electra, single"),
     ({"data.format": "electra", "objectives.nsp": 0.0, "model.type_vocab_size": 1}, "type_vocab_size=2"),
     ({"objectives.span": 1.0}, "use mlm, nsp, sop, rtd, sbo, wso, sso"),
@@ -52,7 +53,7 @@ def test_invalid_configs_are_refused_with_the_fix(overrides, message):
   for k, v in overrides.items():
     _set(c, k, v)
   with pytest.raises(UserError, match=message):
-    config_lib.validate(c)
+    build.validate(c)
 
 
 @pytest.mark.parametrize("spec", ["configs/bert.py:tiny", "configs/bert.py:base", "configs/albert.py:xxlarge",
@@ -61,7 +62,7 @@ def test_invalid_configs_are_refused_with_the_fix(overrides, message):
                                   "configs/spanbert.py:large", "configs/structbert.py:tiny",
                                   "configs/structbert.py:large"])
 def test_shipped_configs_are_valid(spec):
-  config_lib.validate(load_config(spec))
+  build.validate(load_config(spec))
 
 
 # SpanBERT and StructBERT have no HF pretraining class: their counts are HF's for what maps (the encoder and MLM
@@ -141,7 +142,7 @@ def test_roberta_recipe_is_the_published_one(variant):
   assert o.clip_norm == 0.0  # Table 9: gradient clipping 0.0; fairseq --clip-norm 0.0
   assert (c.model.dropout, c.model.attention_dropout) == (want["dropout"], want["attention_dropout"])
   # fairseq polynomial_decay, power 1 to 0: peak * t / w during warmup, then peak * (T - t) / (T - w).
-  lr, peak, w, T = config_lib.lr_schedule(c), want["peak_lr"], want["warmup"], want["steps"]
+  lr, peak, w, T = optim.lr_schedule(c), want["peak_lr"], want["warmup"], want["steps"]
   for t in (w // 2, w, w + 1000, (w + T) // 2, T - 10_000):  # (optax counts steps in float32)
     assert float(lr(t)) == pytest.approx(peak * (t / w if t <= w else (T - t) / (T - w)), rel=1e-4), t
   # And the optimizer the config builds is that Adam, unclipped: over the first three steps, the first with a

@@ -1,4 +1,4 @@
-"""Distillation (bertjax.distill): the DistilBERT shape and its HF export, the losses, the student's
+"""Distillation (bertjax.compress.distill): the DistilBERT shape and its HF export, the losses, the student's
 initialization, and a micro run with a frozen teacher in the same step."""
 
 import json
@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import build, config as config_lib
-from bertjax.model import distill as distill_model
+from bertjax.compress import distill  # noqa: F401 (plugs distillation into the model factory)
+from bertjax.model import config as model_config, distill as distill_model
 from bertjax.objectives import distill as objectives
+from bertjax.train import build
 from conftest import load_config, micro
 
 
@@ -58,21 +59,21 @@ def test_student_starts_from_every_other_teacher_layer():
   t_params = jax.tree.map(lambda s: np.random.default_rng(s.size).normal(size=s.shape).astype(np.float32),
                           build.param_shapes(teacher))
   s_params = jax.tree.map(lambda s: np.zeros(s.shape, np.float32), build.param_shapes(student))
-  t_cfg, s_cfg = config_lib.encoder_config(teacher.model), config_lib.encoder_config(student.model)
+  t_cfg, s_cfg = model_config.encoder_config(teacher.model), model_config.encoder_config(student.model)
   out, copied = distill_model.student_from_teacher(s_params, t_params, s_cfg, t_cfg)
   q = out["encoder"]["layers"]["attention"]["query"]["kernel"]
   np.testing.assert_array_equal(q, t_params["encoder"]["layers"]["attention"]["query"]["kernel"][[0, 2]])
   np.testing.assert_array_equal(out["mlm"]["bias"], t_params["mlm"]["bias"])
   assert "type" not in out["embeddings"] and "encoder/layers <- teacher layers [0, 2]" in copied
   narrow = micro("configs/distill.py:tiny", **{"model.num_layers": 2, "model.vocab_size": 40, "model.hidden_size": 32})
-  kept, none = distill_model.student_from_teacher("random", t_params, config_lib.encoder_config(narrow.model), t_cfg)
+  kept, none = distill_model.student_from_teacher("random", t_params, model_config.encoder_config(narrow.model), t_cfg)
   assert kept == "random" and none == []  # another width: the student keeps its own initialization
 
 
 def _teacher_dir(tmp_path, layers=2):
   """A random micro BERT written as an HF checkpoint with a 24-piece WordPiece vocabulary; (dir, params)."""
-  from bertjax.data.tokenizer import load_tokenizer
-  from bertjax.interop import convert
+  from bertjax.data.tokenizer_spec import load_tokenizer
+  from bertjax.hf import convert
 
   words = "the a of to is in and for be with that this as are it on by or an".split()
   (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words) + "\n")
@@ -92,7 +93,7 @@ def _student_config(teacher_dir, **overrides):
 
 def test_one_step_trains_the_student_against_the_frozen_teacher(tmp_path):
   """The teacher runs inside the jitted train step (every loss on), and only the student moves."""
-  from bertjax import sharding
+  from bertjax.core import sharding
   from bertjax.data.tokenizer import SpecialIds
 
   teacher_dir, teacher_params = _teacher_dir(tmp_path)
@@ -119,10 +120,9 @@ def test_one_step_trains_the_student_against_the_frozen_teacher(tmp_path):
 def test_a_distilbert_shaped_student_exports_to_distilbert_for_masked_lm(tmp_path):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  from bertjax import inference
-  from bertjax.interop import convert
+  from bertjax.hf import convert, inference
 
-  from bertjax import distill
+  from bertjax.compress import distill
 
   c = distill.baseline_config(micro("configs/distill.py:tiny", **{"model.vocab_size": 40, "model.num_layers": 2}))
   params = convert.init_params(c, seed=1)
@@ -138,7 +138,9 @@ def test_a_distilbert_shaped_student_exports_to_distilbert_for_masked_lm(tmp_pat
 
 @pytest.mark.slow  # two micro runs (distilled, baseline); the steps and the export are tested above
 def test_the_distill_command_compares_with_the_student_alone_and_writes_the_student(tmp_path, capsys):
-  from bertjax import checkpoint, distill, inference
+  from bertjax.compress import distill
+  from bertjax.hf import inference
+  from bertjax.train import checkpoint
 
   teacher_dir, teacher_params = _teacher_dir(tmp_path)
   c = _student_config(teacher_dir)
@@ -155,8 +157,8 @@ def test_the_distill_command_compares_with_the_student_alone_and_writes_the_stud
 
 
 def test_distill_without_a_teacher_is_a_one_line_error(tmp_path):
-  from bertjax import distill
-  from bertjax.errors import UserError
+  from bertjax.compress import distill
+  from bertjax.core.errors import UserError
 
   with pytest.raises(UserError, match="set --config.teacher"):
     distill.run(micro("configs/distill.py:tiny"), str(tmp_path / "w"))

@@ -11,7 +11,7 @@ import tokenizers
 from bertjax.data import sources
 from bertjax.finetune import data as task_data, metrics
 from bertjax.finetune.model import layer_multipliers
-from bertjax.interop import convert
+from bertjax.hf import convert
 from bertjax.model.encoder import EncoderConfig
 from conftest import load_config, micro
 
@@ -121,7 +121,7 @@ def _pair_task(directory, n_train=3000, n_eval=300):
 
 
 def test_tiny_model_learns_a_generated_pair_task(tmp_path, capsys):
-  from bertjax.data.tokenizer import load_tokenizer
+  from bertjax.data.tokenizer_spec import load_tokenizer
   from bertjax.finetune import train
 
   task_dir, ckpt = tmp_path / "task", str(tmp_path / "hf")
@@ -162,8 +162,8 @@ def test_tiny_model_learns_a_generated_pair_task(tmp_path, capsys):
 
 def test_a_workdir_without_a_pooler_has_no_extra_pooler(tmp_path):
   """ELECTRA and RoBERTa checkpoints have no pooler: fine-tuning must start a fresh one, not an abstract one."""
-  from bertjax import checkpoint
-  from bertjax.interop import workdir
+  from bertjax.hf import workdir
+  from bertjax.train import checkpoint
 
   ckpt = checkpoint.Checkpointer(str(tmp_path))
   params = {"pooler": {"kernel": np.ones((4, 4), np.float32), "bias": np.zeros(4, np.float32)}}

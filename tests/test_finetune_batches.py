@@ -9,9 +9,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import config as config_lib
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.finetune import batches, classification, model as ft_model, tasks, train
+from bertjax.model import config as model_config
 from conftest import load_config, micro
 
 SEQ = 32
@@ -36,7 +36,7 @@ def _arrays(n=40, seed=0, short=False):
 
 @functools.lru_cache(maxsize=1)
 def _classifier():
-  cfg = config_lib.encoder_config(micro("configs/bert.py:tiny", **{"model.vocab_size": 50}).model)
+  cfg = model_config.encoder_config(micro("configs/bert.py:tiny", **{"model.vocab_size": 50}).model)
   model = ft_model.Classifier(cfg, 2, deterministic=True)
   ids = jnp.zeros((1, 8), jnp.int32)
   return model, ft_model.sh.strip_boxes(model.init(jax.random.key(0), ids, ids, jnp.ones_like(ids))["params"])

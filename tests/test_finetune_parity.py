@@ -15,11 +15,12 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import build, config as config_lib
 from bertjax.data.tokenizer import SPM_SPECIAL
 from bertjax.finetune import train as ft
 from bertjax.finetune.model import Classifier, init_params
-from bertjax.interop import convert, weights as W
+from bertjax.hf import convert, weights as W
+from bertjax.model import config as model_config
+from bertjax.train import build
 from conftest import load_config, micro
 
 torch = pytest.importorskip("torch")
@@ -91,7 +92,7 @@ def test_finetuning_steps_match_transformers(case, tmp_path):
   config.optimizer.schedule, config.optimizer.layerwise_decay = schedule, layerwise
   config.model.classifier_dropout = 0.0
   total, warmup = STEPS, 5
-  enc = config_lib.encoder_config(pre.model)
+  enc = model_config.encoder_config(pre.model)
   head = "electra" if family == "electra" else "pooler"
   model = Classifier(enc, n_out, 0.0, deterministic=False, head=head)
   pooler = pretrained["sentence"]["pooler"] if family == "bert" else None
@@ -148,7 +149,7 @@ def test_electra_layerwise_rates_follow_the_reference_formula():
   from bertjax.finetune.model import layer_multipliers
 
   pre = micro("configs/electra.py:tiny", **{"model.num_layers": 3})
-  enc = config_lib.encoder_config(pre.model)
+  enc = model_config.encoder_config(pre.model)
   model = Classifier(enc, 2, head="electra")
   params, _ = init_params(model, jax.random.key(0), random_params(pre), None)
   mult = jax.tree.map(np.asarray, layer_multipliers(params, enc, 0.8))

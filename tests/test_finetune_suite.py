@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.finetune import glue, suite
 from conftest import load_config, micro
 
@@ -31,8 +31,8 @@ def _glue_dir(root, n=24):
 
 def _checkpoint(path):
   """A random micro BERT written as an HF checkpoint with a WordPiece vocabulary of WORDS."""
-  from bertjax.data.tokenizer import load_tokenizer
-  from bertjax.interop import convert
+  from bertjax.data.tokenizer_spec import load_tokenizer
+  from bertjax.hf import convert
 
   vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(WORDS)
   (path.parent / "vocab.txt").write_text("\n".join(vocab) + "\n")

@@ -1,4 +1,4 @@
-"""Head gates, Michel et al.'s importance and iterative pruning (bertjax.heads), on micro classifiers."""
+"""Head gates, Michel et al.'s importance and iterative pruning (bertjax.compress.prune), on micro classifiers."""
 
 import json
 import os
@@ -8,14 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import config as config_lib, heads
+from bertjax.compress import prune as heads
 from bertjax.finetune import model as ft_model
+from bertjax.model import config as model_config
 from conftest import load_config, micro
 
 
 def _classifier(num_heads=4, seed=0):
   run_config = micro("configs/bert.py:tiny", **{"model.num_heads": num_heads, "model.vocab_size": 50})
-  cfg = config_lib.encoder_config(run_config.model)
+  cfg = model_config.encoder_config(run_config.model)
   model = ft_model.Classifier(cfg, 2, deterministic=True)
   ids = jnp.zeros((1, 8), jnp.int32)
   params = jax.tree.map(np.array, ft_model.sh.strip_boxes(
@@ -50,7 +51,7 @@ def test_gating_a_head_to_zero_equals_removing_its_weights(tmp_path):
   assert pruned["encoder"]["layers"]["attention"]["output"]["kernel"].shape == (2, 3, 16, 64)
   # One head slot fewer in each of 2 layers: q, k, v kernels and biases, and its output-projection rows.
   assert heads.num_params(pruned) == heads.num_params(params) - 2 * (3 * (64 * 16 + 16) + 16 * 64)
-  small = ft_model.Classifier(config_lib.encoder_config(config.model), 2, deterministic=True)
+  small = ft_model.Classifier(model_config.encoder_config(config.model), 2, deterministic=True)
   np.testing.assert_allclose(_outputs(small, pruned, data), gated, atol=2e-5)
 
   # Saved and loaded back, the physically smaller model gives the same outputs.
@@ -102,8 +103,8 @@ def finetuned(tmp_path_factory):
   """A fine-tuning workdir as `python -m bertjax.finetune ... --config.save_model=True` leaves it (config.json,
   seed_0/model), its model a random-init 4-head classifier: the commands do not care how well it learned,
   and test_finetune checks that fine-tuning writes this layout."""
-  from bertjax.data.tokenizer import load_tokenizer
-  from bertjax.interop import convert
+  from bertjax.data.tokenizer_spec import load_tokenizer
+  from bertjax.hf import convert
   from test_finetune import _pair_task
 
   tmp = tmp_path_factory.mktemp("heads")
@@ -120,7 +121,7 @@ def finetuned(tmp_path_factory):
   workdir = tmp / "ft"
   workdir.mkdir()
   (workdir / "config.json").write_text(config.to_json())
-  model = ft_model.Classifier(config_lib.encoder_config(pre.model), 2, deterministic=True)
+  model = ft_model.Classifier(model_config.encoder_config(pre.model), 2, deterministic=True)
   ids = jnp.zeros((1, 8), jnp.int32)
   params = ft_model.sh.strip_boxes(model.init(jax.random.key(0), ids, ids, jnp.ones_like(ids))["params"])
   ft_model.save_model(str(workdir / "seed_0" / ft_model.MODEL_DIR), pre, model, params)

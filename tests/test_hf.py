@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from absl import flags
 
-from bertjax import build, config as config_lib, hf
-from bertjax.interop import convert, safetensors_io
+from bertjax.core import config as config_lib
+from bertjax.hf import __main__ as hf_cli, convert, inference, safetensors_io
+from bertjax.train import build
 from conftest import micro
 
 torch = pytest.importorskip("torch")
@@ -31,7 +32,7 @@ def _run_cli(command, **values):
   flags.FLAGS.unparse_flags()
   flags.FLAGS(argv)
   try:
-    hf.main(["bertjax.hf", command])
+    hf_cli.main(["bertjax.hf", command])
   finally:
     flags.FLAGS.unparse_flags()
 
@@ -99,7 +100,7 @@ def test_export_loads_in_transformers_with_same_logits(family, tmp_path):
   rng = np.random.default_rng(1)
   ids = rng.integers(5, config.model.vocab_size, (2, 24))  # no [PAD]: HF RoBERTa numbers positions around it
   types = np.zeros_like(ids) if config.model.type_vocab_size == 1 else (np.arange(24) >= 10).astype(int)[None].repeat(2, 0)
-  ours = hf.logits(config, params, ids, types)
+  ours = inference.logits(config, params, ids, types)
   t_ids, t_types = torch.tensor(ids), torch.tensor(types)
   if family == "electra":
     assert sorted(os.path.basename(d) for d in dirs) == ["discriminator", "generator"]
@@ -125,17 +126,17 @@ def test_export_loads_in_transformers_with_same_logits(family, tmp_path):
   assert back.family == family and not back.fresh and not back.unused
   assert back.config.model.activation == config.model.activation
   assert config_lib.active_objectives(back.config) == config_lib.active_objectives(config)
-  again = hf.logits(back.config, back.params, ids, types)
+  again = inference.logits(back.config, back.params, ids, types)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), again, ours)
   if family != "roberta":  # RoBERTa's position table moves to HF's padding_idx numbering (same model)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), back.params, params)
   if family == "electra":  # each network alone: the discriminator gets a fresh generator, the generator
     disc = convert.read_hf(dirs[0])  # becomes a plain MLM model
     assert any(p.startswith("generator_encoder/") for p in disc.fresh)
-    np.testing.assert_allclose(hf.logits(disc.config, disc.params, ids, types)["rtd"], ours["rtd"], atol=1e-5)
+    np.testing.assert_allclose(inference.logits(disc.config, disc.params, ids, types)["rtd"], ours["rtd"], atol=1e-5)
     gen = convert.read_hf(dirs[1])
     assert not gen.fresh and config_lib.active_objectives(gen.config) == {"mlm": 1.0}
-    np.testing.assert_allclose(hf.logits(gen.config, gen.params, ids, types)["mlm"], ours["mlm"], atol=1e-5)
+    np.testing.assert_allclose(inference.logits(gen.config, gen.params, ids, types)["mlm"], ours["mlm"], atol=1e-5)
 
 
 def test_spanbert_structbert_export_the_encoder_and_mlm_head_and_name_the_rest(tmp_path, capsys):
@@ -153,7 +154,7 @@ def test_spanbert_structbert_export_the_encoder_and_mlm_head_and_name_the_rest(t
   types = np.zeros_like(ids)
   with torch.no_grad():
     theirs = model(torch.tensor(ids), token_type_ids=torch.tensor(types)).logits.numpy()
-  assert np.abs(theirs - hf.logits(config, params, ids, types)["mlm"]).max() < 1e-4
+  assert np.abs(theirs - inference.logits(config, params, ids, types)["mlm"]).max() < 1e-4
   names = convert.heads_without_hf(config)
   assert len(names) == 2 and names[0].startswith("sbo_head") and names[1].startswith("sentence")
 
@@ -170,7 +171,7 @@ def test_import_workdir_export_and_fill_mask_agree_with_transformers(tmp_path, c
   vocab_dir.mkdir()
   config = micro("configs/bert.py:tiny")
   config.model.vocab_size = _word_vocab(str(vocab_dir / "vocab.txt"))
-  from bertjax.data.tokenizer import load_tokenizer
+  from bertjax.data.tokenizer_spec import load_tokenizer
 
   tok = load_tokenizer(f"wordpiece:{vocab_dir / 'vocab.txt'}")
   exported = str(tmp_path / "exported")
@@ -189,14 +190,14 @@ def test_import_workdir_export_and_fill_mask_agree_with_transformers(tmp_path, c
   with torch.no_grad():
     scores = model(**enc).logits[0, enc["input_ids"][0].tolist().index(hf_tok.mask_token_id)]
   expected = hf_tok.convert_ids_to_tokens(torch.topk(scores, 3).indices.tolist())
-  predicted = hf.fill_mask(hf.load(workdir=work), text, top_k=3)[0]
+  predicted = inference.fill_mask(inference.load(workdir=work), text, top_k=3)[0]
   assert [t for t, _ in predicted] == expected
   assert printed.split("[MASK] #1:")[1].split()[::2] == expected
 
 
 def test_import_rejects_a_foreign_model_type(tmp_path):
   (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
-  from bertjax.errors import UserError
+  from bertjax.core.errors import UserError
 
   with pytest.raises(UserError, match="model_type 'gpt2'"):
     convert.read_hf(str(tmp_path))
@@ -204,7 +205,7 @@ def test_import_rejects_a_foreign_model_type(tmp_path):
 
 def test_import_defaults_hidden_act_to_the_family_s_transformers_default():
   """A config.json without hidden_act means the config class's default: AlbertConfig's is gelu_new."""
-  from bertjax.interop import configs as hf_configs
+  from bertjax.hf import configs as hf_configs
 
   hf_config = dict(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
   for family, act in (("albert", "gelu_new"), ("bert", "gelu"), ("roberta", "gelu"), ("electra", "gelu")):

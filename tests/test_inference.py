@@ -1,10 +1,12 @@
-"""bertjax.inference: attention maps are the ones the encoder's forward pass computes."""
+"""bertjax.hf.inference: attention maps are the ones the encoder's forward pass computes."""
 
 import jax
 import numpy as np
 import pytest
 
-from bertjax import build, inference, sharding
+from bertjax.core import sharding
+from bertjax.hf import inference
+from bertjax.train import build
 from conftest import micro
 
 

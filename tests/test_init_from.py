@@ -15,11 +15,11 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 import numpy as np
 import pytest
 
-from bertjax import loop
+from bertjax.core.errors import UserError
 from bertjax.data import prepare_lib, shards, sources
-from bertjax.data.tokenizer import load_tokenizer
-from bertjax.errors import UserError
-from bertjax.interop import init_from
+from bertjax.data.tokenizer_spec import load_tokenizer
+from bertjax.hf import init_from
+from bertjax.train import loop
 from conftest import REPO, micro, read_metrics
 
 transformers = pytest.importorskip("transformers")
@@ -140,7 +140,7 @@ def test_prepare_cli_with_a_checkpoint_s_tokenizer_writes_its_ids(sentences, cor
   directory = _minilm_dir()
   out = str(tmp_path / "shards")
   done = subprocess.run(
-      [sys.executable, "-m", "bertjax.prepare", "--config=configs/bert.py:base", f"--config.data.tokenizer=hf:{directory}",
+      [sys.executable, "-m", "bertjax.data.prepare", "--config=configs/bert.py:base", f"--config.data.tokenizer=hf:{directory}",
        f"--config.data.source={corpus}", f"--out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr
   theirs = transformers.AutoTokenizer.from_pretrained(directory)
@@ -207,8 +207,8 @@ def test_a_checkpoint_s_weights_go_into_the_run_as_they_are(family, tokenizer_di
   initialized it, and is reported."""
   import jax
 
-  from bertjax import build
-  from bertjax.interop import convert, safetensors_io
+  from bertjax.hf import convert, safetensors_io
+  from bertjax.train import build
 
   name = family.split("-")[0]
   dirs = _checkpoint(name, tokenizer_dirs, tmp_path, bare=family.endswith("bare"))
@@ -239,7 +239,7 @@ def test_continued_pretraining_from_an_hf_checkpoint_lowers_eval_mlm_loss_and_ex
     family, tokenizer_dirs, documents, tmp_path, capsys):
   """The whole workflow at tiny size (the other families, slow, train the same way; their weights' road into
   the run is checked above for every family)."""
-  from bertjax import hf
+  from bertjax.hf import convert, inference
 
   dirs = _checkpoint(family, tokenizer_dirs, tmp_path)
   # One command: the config's sizes give way to the checkpoint's; the tokenizer defaults to its own.
@@ -256,8 +256,8 @@ def test_continued_pretraining_from_an_hf_checkpoint_lowers_eval_mlm_loss_and_ex
     saved = json.load(f)
   assert saved["data"]["tokenizer"] == "hf:" + dirs[0]
   # Back to HF: the same classes and tokenizer; transformers loads the adapted weights.
-  loaded = hf.load(workdir=work)
-  written = hf.write_hf(loaded.config, loaded.params, str(tmp_path / "export"), loaded.tokenizer)
+  loaded = inference.load(workdir=work)
+  written = convert.write_hf(loaded.config, loaded.params, str(tmp_path / "export"), loaded.tokenizer)
   assert len(written) == len(dirs)
   for before, after in zip(dirs, written):
     with open(os.path.join(before, "config.json")) as f, open(os.path.join(after, "config.json")) as g:

@@ -90,8 +90,8 @@ def test_sso_three_labels_are_balanced_and_correct_by_provenance():
 
 def test_sentence_objectives_pick_their_pairs():
   """Each sentence objective trains on the pairs of its name (SSO: next / previous / other document)."""
+  from bertjax.core.errors import UserError
   from bertjax.data import prepare_lib
-  from bertjax.errors import UserError
   from conftest import load_config
 
   assert prepare_lib.resolve_format(load_config("configs/structbert.py:tiny")) == "sso"

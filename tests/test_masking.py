@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import masking
+from bertjax.objectives import masking
 
 SPECIAL = (0, 1, 2, 3, 4)
 MASK, VOCAB = 4, 1000

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bertjax import build, sharding, summary
+from bertjax import summary
+from bertjax.core import sharding
 from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig
+from bertjax.train import build
 from conftest import encoder_only, load_config
 
 # HF transformers' counts for the same configs (BertForPreTraining, AlbertForPreTraining,

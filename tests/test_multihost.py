@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import MICRO_FLAGS, REPO, devices, read_metrics, train_cli
-from bertjax import supervisor
+from bertjax.core import supervisor
 from bertjax.data import pipeline, shards
 
 LAUNCH = os.path.join(REPO, "launch", "gpu_multinode.sh")

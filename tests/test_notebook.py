@@ -43,7 +43,7 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
   assert f"restored step {STEPS}" in text
   assert "The [MASK] statement is used to leave a loop." in text
   assert "eval/nsp_accuracy" in text
-  assert "100 inputs" in text and (workdir / "attention" / "attention.json").exists()  # bertjax.analysis
+  assert "100 inputs" in text and (workdir / "attention" / "attention.json").exists()  # bertjax.compress.analysis
   with open(workdir / "metrics.jsonl") as f:
     steps = [json.loads(line)["step"] for line in f]
   assert steps[-1] == STEPS

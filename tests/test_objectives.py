@@ -5,9 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import build, objectives, sharding, step as step_lib
+from bertjax import objectives
+from bertjax.core import sharding
 from bertjax.data.tokenizer import SPM_SPECIAL
 from bertjax.model import pretrain
+from bertjax.train import build, step as step_lib
 from conftest import micro
 
 B, S = 4, 64
@@ -140,7 +142,7 @@ def test_gradients_reach_only_the_heads_each_objective_uses():
 
 
 def test_auc_from_histograms_matches_pairwise_definition():
-  from bertjax.metrics import AUC
+  from bertjax.core.metrics import AUC
 
   rng = np.random.default_rng(0)
   pos_scores, neg_scores = rng.beta(3, 2, 500), rng.beta(2, 3, 700)

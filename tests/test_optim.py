@@ -1,4 +1,4 @@
-"""bertjax.optim: decay mask on real parameter trees, the schedules against the reference formulas,
+"""bertjax.train.optim: decay mask on real parameter trees, the schedules against the reference formulas,
 clipping, and LAMB against a NumPy transcription of google-research/albert's lamb_optimizer.py."""
 
 import functools
@@ -12,8 +12,8 @@ import optax
 import pytest
 from flax import linen as nn
 
-from bertjax import build, config as config_lib, optim
 from bertjax.model.encoder import is_stacked
+from bertjax.train import build, optim
 from conftest import micro
 
 pytest.importorskip("torch")
@@ -61,7 +61,7 @@ def _lr_config(schedule, peak=1e-3, warmup=100, total=1000):
 
 
 def _pretraining_tx(config):
-  return optim.make(config.optimizer, config_lib.lr_schedule(config))
+  return optim.make(config.optimizer, optim.lr_schedule(config))
 
 
 # The reference formulas, transcribed from their sources once (bertjax/interop/torch_reference.py, also the
@@ -73,7 +73,7 @@ REFERENCE = dict(ref.SCHEDULES,
 @pytest.mark.parametrize("kind", sorted(REFERENCE))
 def test_schedule_matches_the_reference_formula(kind):
   peak, w, T = 1e-3, 100, 1000
-  lr = config_lib.lr_schedule(_lr_config(kind, peak, w, T))
+  lr = optim.lr_schedule(_lr_config(kind, peak, w, T))
   for t in (0, w // 2, w, T // 2, T - 1):
     assert float(lr(t)) == pytest.approx(peak * REFERENCE[kind](t, w, T), rel=1e-5, abs=peak * 1e-6), t
 
@@ -180,7 +180,7 @@ def test_lamb_matches_albert_reference_per_layer(sharing, layers, groups):
       build.param_shapes(config))
   rng = np.random.default_rng(0)
   grads = [jax.tree.map(lambda x: rng.normal(0, 0.05, x.shape).astype(np.float32), params) for _ in range(10)]
-  lrs = [float(config_lib.lr_schedule(config)(t)) for t in range(10)]
+  lrs = [float(optim.lr_schedule(config)(t)) for t in range(10)]
 
   optimizer = _pretraining_tx(config)
   tx = jax.jit(optimizer.update)
@@ -196,7 +196,7 @@ def test_lamb_matches_albert_reference_per_layer(sharing, layers, groups):
   for k in ref:
     np.testing.assert_allclose(mine[k], ref[k], atol=1e-5, rtol=0, err_msg=k)
   # optax.lamb (trust ratio on every tensor, whole stacks, Adam bias correction) is not this optimizer.
-  plain = optax.chain(optax.clip_by_global_norm(1.0), optax.lamb(config_lib.lr_schedule(config), o.b1, o.b2, o.eps,
+  plain = optax.chain(optax.clip_by_global_norm(1.0), optax.lamb(optim.lr_schedule(config), o.b1, o.b2, o.eps,
                                                                   weight_decay=o.weight_decay, mask=optim.decay_mask))
   state, theirs, update = plain.init(params), jax.tree.map(jnp.asarray, params), jax.jit(plain.update)
   for g in grads:

@@ -12,9 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import build, config as config_lib, sharding, step as step_lib
+from bertjax.core import config as config_lib, sharding
 from bertjax.data.tokenizer import SPM_SPECIAL
-from bertjax.interop import configs as hf_configs, convert
+from bertjax.hf import configs as hf_configs, convert
+from bertjax.train import build, step as step_lib
 from conftest import micro
 
 pytest.importorskip("torch")

@@ -4,7 +4,10 @@ learning rate continuing or restarting at a boundary, warmup as a share of the r
 
 import pytest
 
-from bertjax import config as config_lib, summary
+from bertjax import summary
+from bertjax.core import config as config_lib
+from bertjax.objectives import masking
+from bertjax.train import build, optim
 from conftest import load_config
 from torch_reference import SCHEDULES  # the schedules as transcribed from their sources
 
@@ -34,7 +37,7 @@ def test_a_run_without_phases_is_one_phase_of_the_config_itself():
 
 def test_a_continuing_phase_keeps_the_runs_schedule():
   c = load_config("configs/bert.py:base")
-  lr = config_lib.lr_schedule(c)
+  lr = optim.lr_schedule(c)
   ref = lambda t: 1e-4 * SCHEDULES["linear"](t, 10_000, 1_000_000)
   for t in (0, 5_000, 10_000, 899_999, 900_000, 900_001, 999_999):
     assert float(lr(t)) == pytest.approx(ref(t), rel=1e-5, abs=1e-12), t
@@ -45,7 +48,7 @@ def test_phases_with_their_own_rate_restart_the_schedule():
   c = load_config("configs/bert.py:large_lamb")
   (p1, p2) = config_lib.phases(c)
   assert (p1.steps, p1.config.batch_size, p2.steps, p2.config.batch_size) == (7_038, 65_536, 1_563, 32_768)
-  lr = config_lib.lr_schedule(c)
+  lr = optim.lr_schedule(c)
   w1, w2 = round(0.2843 * 7_038), round(0.128 * 1_563)
   for t in (0, w1 // 2, w1, 5_000, 7_037):
     assert float(lr(t)) == pytest.approx(6e-3 * SCHEDULES["poly_sqrt"](t, w1, 7_038), rel=1e-5, abs=1e-12), t
@@ -58,9 +61,9 @@ def test_warmup_as_a_fraction_keeps_the_recipe_shape_when_the_run_is_shortened()
   c = load_config("configs/bert.py:tiny")
   assert config_lib.warmup_steps(c) == 60
   c.total_steps = 40
-  config_lib.validate(c)  # the tiny warmup was a fixed 60 steps once: total_steps=40 was refused
+  build.validate(c)  # the tiny warmup was a fixed 60 steps once: total_steps=40 was refused
   assert config_lib.warmup_steps(c) == 4
-  assert float(config_lib.lr_schedule(c)(4)) == pytest.approx(c.learning_rate * (1 - 4 / 40))
+  assert float(optim.lr_schedule(c)(4)) == pytest.approx(c.learning_rate * (1 - 4 / 40))
 
 
 def test_max_predictions_is_honoured_by_the_masking_config():
@@ -68,7 +71,7 @@ def test_max_predictions_is_honoured_by_the_masking_config():
   c.masking.max_predictions = 7
   from bertjax.data.tokenizer import SPM_SPECIAL
 
-  assert config_lib.masking_config(c, SPM_SPECIAL).max_predictions == 7
+  assert masking.make_config(c, SPM_SPECIAL).max_predictions == 7
 
 
 def test_summary_prints_the_recipe():

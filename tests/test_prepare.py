@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax import loop
+from bertjax.core.errors import UserError
 from bertjax.data import instances, pipeline, prepare_lib, shards, sources
 from bertjax.data.tokenizer import SpecialIds
-from bertjax.errors import UserError
+from bertjax.train import loop
 from conftest import MICRO_FLAGS, REPO, micro
 
 SPECIAL = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
@@ -192,11 +192,11 @@ def test_a_corpus_and_shards_prepared_from_it_give_the_same_batches(prepared, co
 def test_a_config_with_phases_is_prepared_per_seq_len_and_served_phase_by_phase(corpus, tmp_path):
   """prepare writes OUT/seq_len_N per phase seq_len with one tokenizer; shards:OUT gives each phase the
   batches that naming the corpus gives it."""
-  from bertjax import config as config_lib
+  from bertjax.core import config as config_lib
 
   spec, out = "configs/bert.py:tiny_two_phase", tmp_path / "phased"
   overrides = {"data.source": corpus[0], "data.split_paragraphs": True}
-  cmd = [sys.executable, "-m", "bertjax.prepare", f"--config={spec}", f"--out={out}", "--workers=0",
+  cmd = [sys.executable, "-m", "bertjax.data.prepare", f"--config={spec}", f"--out={out}", "--workers=0",
          *(f"--config.{k}={v}" for k, v in overrides.items()), *MICRO_FLAGS]
   done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-2000:]
@@ -369,7 +369,7 @@ def test_prepare_reads_a_tfds_dataset_without_tensorflow(tmp_path):
 
 
 def test_cli_prints_the_summary_and_refuses_to_overwrite(corpus, tmp_path):
-  cmd = [sys.executable, "-m", "bertjax.prepare", "--config=configs/electra.py:tiny", "--workers=0",
+  cmd = [sys.executable, "-m", "bertjax.data.prepare", "--config=configs/electra.py:tiny", "--workers=0",
          f"--config.data.source={corpus[0]}", "--config.data.split_paragraphs=True", "--config.seq_len=64",
          f"--out={tmp_path}"]
   done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)

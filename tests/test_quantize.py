@@ -1,4 +1,4 @@
-"""int8 (bertjax.quantize, qwix): int8 inference against float, QAT's forward and gradients."""
+"""int8 (bertjax.compress.quantize, qwix): int8 inference against float, QAT's forward and gradients."""
 
 import re
 
@@ -9,8 +9,10 @@ import pytest
 
 pytest.importorskip("qwix")
 
-from bertjax import config as config_lib, quantize, sharding as sh
+from bertjax.compress import quantize
+from bertjax.core import sharding as sh
 from bertjax.finetune.model import Classifier
+from bertjax.model import config as model_config
 from conftest import micro
 
 # int8 logits may differ from float by at most this share of the largest float logit (per-channel weights and
@@ -21,7 +23,7 @@ TOLERANCE = 0.05
 @pytest.fixture(scope="module")
 def model_and_inputs():
   c = micro(**{"model.vocab_size": 50, "model.num_heads": 4})
-  model = Classifier(config_lib.encoder_config(c.model), 3, deterministic=True)
+  model = Classifier(model_config.encoder_config(c.model), 3, deterministic=True)
   rng = np.random.default_rng(0)
   ids = rng.integers(5, 50, (16, 16)).astype(np.int32)
   inputs = (ids, np.zeros_like(ids), (np.arange(16)[None] < rng.integers(4, 17, (16, 1))).astype(np.int32))

@@ -1,4 +1,4 @@
-"""bertjax.runtime: process set-up before JAX starts (CPU pinning, host memory reuse), and imports without it."""
+"""bertjax.core.runtime: process set-up before JAX starts (CPU pinning, host memory reuse), and imports without it."""
 
 import json
 import os
@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from bertjax import runtime
+from bertjax.core import runtime
 
 # A jitted function whose temporaries (64 MiB each) exceed glibc's largest heap-served block, called three
 # times; prints the minor page faults of the last two calls, in MiB per call.
 _FAULTS = """
 import resource, json
-from bertjax import runtime
+from bertjax.core import runtime
 runtime.setup()
 import jax, jax.numpy as jnp
 f = jax.jit(lambda x: (jnp.sin(x) @ jnp.cos(x)).sum())
@@ -54,8 +54,8 @@ def test_runs_on_cpu_follows_the_chosen_platform(monkeypatch):
 def test_importing_bertjax_has_no_side_effects():
   """Importing the package or its data layer neither imports JAX nor sets anything up: entry points call
   `runtime.setup()` themselves."""
-  code = ("import sys, bertjax, bertjax.runtime, bertjax.data.shards, bertjax.data.instances;"
+  code = ("import sys, bertjax, bertjax.core.runtime, bertjax.data.shards, bertjax.data.instances;"
           "assert 'jax' not in sys.modules, 'jax was imported';"
-          "assert not bertjax.runtime._DONE, 'setup ran at import'")
+          "assert not bertjax.core.runtime._DONE, 'setup ran at import'")
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax import sharding
-from bertjax.errors import UserError
+from bertjax.core import sharding
+from bertjax.core.errors import UserError
 from conftest import REPO, devices, read_metrics, train_cli
 
 EIGHT = devices(8)

@@ -6,8 +6,8 @@ import types
 
 import pytest
 
+from bertjax.core.errors import UserError
 from bertjax.data import sources
-from bertjax.errors import UserError
 
 
 def _write(path, text, mode="w"):

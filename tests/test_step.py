@@ -3,8 +3,9 @@
 import jax
 import numpy as np
 
-from bertjax import build, sharding
+from bertjax.core import sharding
 from bertjax.data.tokenizer import SPM_SPECIAL
+from bertjax.train import build
 from conftest import micro
 
 
@@ -75,7 +76,7 @@ def test_a_nonfinite_batch_skips_the_update():
 def test_random_streams_never_share_a_key():
   """Masking, every microbatch's dropout and ELECTRA sampling, and the eval streams: all keys of a few
   steps (and seeds) are distinct, and the step's own derivation uses exactly these keys."""
-  from bertjax import step as step_lib
+  from bertjax.train import step as step_lib
 
   keys = {}
   for seed in (0, 1):
@@ -95,7 +96,7 @@ def test_random_streams_never_share_a_key():
 def test_parameter_and_update_norms_only_on_logged_steps():
   """param_norm and update_norm are computed on the steps the loop logs (every log_every-th, phase ends),
   and a log window's value is that step's: the norm of the parameters and of the change it made."""
-  from bertjax.metrics import finalize, sum_metrics
+  from bertjax.core.metrics import finalize, sum_metrics
 
   config = micro(batch_size=16)
   config.log_every = 2

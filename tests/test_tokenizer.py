@@ -19,10 +19,10 @@ from bertjax.data.tokenizer import (
     SentencePieceTokenizer,
     SpecialIds,
     WordPieceTokenizer,
-    load_tokenizer,
     train_sentencepiece,
 )
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
+from bertjax.data.tokenizer_spec import load_tokenizer
 
 VOCAB_SIZE = 300
 # Fixed so that the determinism test compares like with like (the thread count changes the model).

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bertjax import loop
+from bertjax.train import loop
 from conftest import micro
 
 

@@ -15,8 +15,8 @@ import os
 import numpy as np
 import tokenizers
 
+from bertjax.core.errors import UserError
 from bertjax.data.tokenizer import SentencePieceTokenizer, SpecialIds, Tokenizer, WordPieceTokenizer
-from bertjax.errors import UserError
 
 # Special-token roles: the tokenizer_config.json key, and the spellings to try when the config names none.
 ROLES = {

@@ -383,3 +383,17 @@ def make_instances(docs, fmt, seq_len, special, *, short_seq_prob=0.1, dupe_fact
   # Documents are counted once, not once per pass.
   stats.too_short_documents, stats.unpaired_chunks = first_pass.too_short_documents, first_pass.unpaired_chunks
   return arrays, stats
+
+
+def validate(config):
+  """Checks config.data (eval share, instance format, tokenizer model); raises UserError with the fix on the
+  first problem."""
+  from bertjax.core.config import check  # imports JAX: the data workers import this module without it
+
+  d = config.data
+  check(0 < d.eval_fraction < 1, f"data.eval_fraction={d.eval_fraction} must be in (0, 1)")
+  check(d.format in ("auto",) + FORMATS,
+        f"data.format={d.format!r}; use auto, electra, single, full_sentences or packed (nsp and sop follow the objectives)")
+  check(config.model.type_vocab_size >= 2 or d.format != "electra",
+        "data.format=electra makes segment-B tokens (type id 1); set --config.model.type_vocab_size=2")
+  check(d.tokenizer_model in ("unigram", "bpe"), f"data.tokenizer_model={d.tokenizer_model!r}; use unigram or bpe")

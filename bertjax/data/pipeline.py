@@ -1,6 +1,6 @@
 """From the config's data section to training rows, and batches that are a pure function of the step.
 
-Every source takes one road, bertjax.data.prepare_lib (what `python -m bertjax.prepare` runs), into
+Every source takes one road, bertjax.data.prepare_lib (what `python -m bertjax.data.prepare` runs), into
 shards that training reads memory-mapped. `build(config)` opens `shards:DIR` as it is; any other source
 (`demo`, `text:GLOB`, `tfds:...`) is prepared once into the cache, `cache_dir(config)/shards-KEY` with KEY a
 hash of the source's fingerprint and every setting that changes the rows, and opened from there, so the
@@ -23,9 +23,10 @@ import tempfile
 
 import numpy as np
 
+from bertjax.core.errors import UserError
 from bertjax.data import instances, prepare_lib, shards, sources
-from bertjax.data.tokenizer import Tokenizer, load_tokenizer
-from bertjax.errors import UserError
+from bertjax.data.tokenizer import Tokenizer
+from bertjax.data.tokenizer_spec import load_tokenizer
 
 
 @dataclasses.dataclass
@@ -126,7 +127,7 @@ def build(config) -> Dataset:
 def _open_shards(config, directory: str) -> Dataset:
   """Prepared shards, after checking that format, seq_len and tokenizer are this config's."""
   meta = shards.read_metadata(directory)
-  fix = "prepare them for this config (python -m bertjax.prepare --config=... --out=DIR) or change the config"
+  fix = "prepare them for this config (python -m bertjax.data.prepare --config=... --out=DIR) or change the config"
   fmt = prepare_lib.resolve_format(config)
   if meta["format"] != fmt:
     raise UserError(f"shards {directory} hold {meta['format']} instances but this config trains on {fmt}; {fix}")

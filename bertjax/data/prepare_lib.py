@@ -1,6 +1,6 @@
 """Streaming, parallel preparation of a corpus into shards: the one road from text to training rows.
 
-`python -m bertjax.prepare` runs it with many workers for big corpora; `pipeline.build` runs the same
+`python -m bertjax.data.prepare` runs it with many workers for big corpora; `pipeline.build` runs the same
 code (in-process by default) into a cache directory for any source that is not `shards:DIR`.
 
 The flow, with memory bounded whatever the corpus size:
@@ -32,11 +32,12 @@ import time
 
 import numpy as np
 
+from bertjax.core.errors import UserError
 from bertjax.data import hf_tokenizer, instances, shards, sources
-from bertjax.data.tokenizer import Tokenizer, load_tokenizer, reservoir_sample, train_sentencepiece
-from bertjax.errors import UserError
+from bertjax.data.tokenizer import reservoir_sample, Tokenizer, train_sentencepiece
+from bertjax.data.tokenizer_spec import load_tokenizer
 
-# Nothing here imports JAX (worker processes stay light): bertjax.config is imported lazily, in the
+# Nothing here imports JAX (worker processes stay light): bertjax.core.config is imported lazily, in the
 # main process only, by `prepare`, to validate the config.
 
 CHUNK_BYTES = 1 << 20  # text per work unit: big enough to amortize the hand-over, small enough to spread
@@ -316,9 +317,10 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
     progress: stream for the progress line (None: quiet).
     tokenizer: a tokenizer spec to use instead of config.data.tokenizer (pipeline's cached one).
   """
-  from bertjax import config as config_lib  # imports JAX: main process only, never in the workers
+  from bertjax.core import config as config_lib  # imports JAX: main process only, never in the workers
 
-  config_lib.validate(config)
+  config_lib.validate(config)  # the run's own keys and the data's; `python -m bertjax.data.prepare` checks all
+  instances.validate(config)
   d = config.data
   if d.source.startswith("shards:"):
     raise UserError(f"data.source={d.source!r} is prepared already; name a corpus (demo, text:GLOB, tfds:NAME)")

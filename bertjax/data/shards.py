@@ -1,6 +1,6 @@
 """Pre-tokenized shards on disk: fixed-length rows in flat binary files, a metadata JSON, memory-mapped reads.
 
-Layout of a shards directory (what `python -m bertjax.prepare` writes):
+Layout of a shards directory (what `python -m bertjax.data.prepare` writes):
 
   metadata.json          format, seq_len, tokenizer (spec relative to the directory, fingerprint, vocab
                          size), the row layout, the source and settings, counts, and the shard files of
@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 
 METADATA = "metadata.json"
 VERSION = 1
@@ -155,7 +155,7 @@ def read_metadata(directory: str) -> dict:
   path = os.path.join(os.path.expanduser(directory), METADATA)
   if not os.path.exists(path):
     raise UserError(f"{directory} holds no {METADATA}: not a finished preparation; run "
-                    f"python -m bertjax.prepare --config=CONFIG --out={directory}")
+                    f"python -m bertjax.data.prepare --config=CONFIG --out={directory}")
   with open(path) as f:
     meta = json.load(f)
   if meta.get("version") != VERSION:

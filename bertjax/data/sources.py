@@ -27,8 +27,8 @@ import re
 import sys
 from typing import Callable, Iterator
 
+from bertjax.core.errors import UserError
 from bertjax.data.sentences import split_sentences
-from bertjax.errors import UserError
 
 Document = list  # of sentences (str)
 

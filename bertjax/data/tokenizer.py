@@ -1,5 +1,6 @@
 """One tokenizer interface over SentencePiece models, BERT WordPiece vocab.txt files and published checkpoints'
-tokenizers (`hf:DIR`, bertjax.data.hf_tokenizer), and SentencePiece training."""
+tokenizers (`hf:DIR`, bertjax.data.hf_tokenizer), and SentencePiece training. A spec string becomes a
+tokenizer in bertjax.data.tokenizer_spec, above both."""
 
 import abc
 import dataclasses
@@ -14,12 +15,12 @@ import numpy as np
 import sentencepiece as spm
 import tokenizers
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _SPM_SPACE = "\u2581"  # how SentencePiece spells the space that begins a word
 _WORDPIECE_CONTINUATION = "##"
-_SPECS = '"spm:PATH", "wordpiece:PATH", "wordpiece:PATH:cased" or "hf:DIR" (a checkpoint\'s own tokenizer)'
+SPECS = '"spm:PATH", "wordpiece:PATH", "wordpiece:PATH:cased" or "hf:DIR" (a checkpoint\'s own tokenizer)'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +47,7 @@ SPM_SPECIAL = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
 def _read_bytes(path: str, what: str) -> bytes:
   """The bytes of the file at `path`, or a UserError naming `what` it should have been."""
   if not os.path.isfile(path):
-    raise UserError(f"{what} {path} does not exist; check the path in the tokenizer spec ({_SPECS})")
+    raise UserError(f"{what} {path} does not exist; check the path in the tokenizer spec ({SPECS})")
   with open(path, "rb") as f:
     return f.read()
 
@@ -231,31 +232,6 @@ class WordPieceTokenizer(Tokenizer):
 
   def __reduce__(self):
     return (type(self), (self.path, self.lowercase))
-
-
-def load_tokenizer(spec: str) -> Tokenizer:
-  """Loads a tokenizer from its spec.
-
-  Args:
-    spec: "spm:PATH" (a SentencePiece .model), "wordpiece:PATH" (an uncased BERT vocab.txt),
-      "wordpiece:PATH:cased" (a cased one) or "hf:DIR" (an HF checkpoint directory's own tokenizer:
-      tokenizer.json, vocab.txt or spiece.model, as transformers loads it; bertjax.data.hf_tokenizer).
-
-  Returns:
-    The tokenizer. UserError for a malformed spec, a missing file or a vocabulary without the special
-    tokens; there is never a fallback to another tokenizer.
-  """
-  kind, _, path = spec.partition(":")
-  if kind == "spm" and path:
-    return SentencePieceTokenizer(path)
-  if kind == "wordpiece" and path:
-    cased = path.endswith(":cased")
-    return WordPieceTokenizer(path.removesuffix(":cased"), lowercase=not cased)
-  if kind == "hf" and path:
-    from bertjax.data import hf_tokenizer  # imports this module
-
-    return hf_tokenizer.from_dir(path)
-  raise UserError(f"bad tokenizer spec {spec!r}; use {_SPECS}")
 
 
 def reservoir_sample(items: Iterable, size: int, seed: int) -> list:

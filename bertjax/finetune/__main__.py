@@ -1,7 +1,7 @@
 """`python -m bertjax.finetune --config=configs/finetune.py:TASK --config.init.checkpoint=CKPT
 --config.task.source=tsv:DIR --workdir=DIR`: fine-tune on a sentence(-pair) task over several seeds."""
 
-from bertjax.errors import run_config_workdir
+from bertjax.core.cli import run_config_workdir
 
 if __name__ == "__main__":
   run_config_workdir("configs/finetune.py:rte", "where per-seed metrics and results.json go",

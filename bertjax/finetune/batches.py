@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 
 from bertjax.data import pipeline
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 
 BUCKET_STEP = 32  # default buckets: 32, 64, ... up to seq_len (the choice: few shapes, little waste)
 

@@ -8,10 +8,10 @@ GLUE's metrics. This module only wires them to the trainer's calls.
 import numpy as np
 import optax
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.finetune import data as task_data, metrics as task_metrics, model as task_model
 from bertjax.finetune.tasks import TaskData
-from bertjax.interop import configs as hf_configs
+from bertjax.hf import configs as hf_configs
 
 OUTPUT_POSITION_AXIS = None  # outputs are per example ([B, C]), no sequence axis to re-pad after length buckets
 
@@ -102,6 +102,6 @@ def evaluate(outputs, data: TaskData, config, seed_dir: str) -> dict:
 
 
 def save_model(directory: str, run_config, model, params) -> None:
-  """A seed's fine-tuned classifier, as bertjax.heads and model.load_model read it."""
+  """A seed's fine-tuned classifier, as bertjax.compress.prune and model.load_model read it."""
   task_model.save_model(directory, run_config, model, params)
 

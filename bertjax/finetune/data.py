@@ -7,9 +7,9 @@ import sys
 
 import numpy as np
 
+from bertjax.core.errors import UserError
 from bertjax.data import sources
-from bertjax.errors import UserError
-from bertjax.interop.tokenizers import encode_example
+from bertjax.hf.tokenizers import encode_example
 
 
 @dataclasses.dataclass

@@ -11,9 +11,9 @@ import numpy as np
 import optax
 from flax import linen as nn
 
-from bertjax import sharding as sh
-from bertjax.errors import UserError
-from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig, activation, dense
+from bertjax.core import sharding as sh
+from bertjax.core.errors import UserError
+from bertjax.model.encoder import activation, dense, Embeddings, Encoder, EncoderConfig
 
 
 HEADS = ("pooler", "electra")
@@ -36,7 +36,7 @@ class Classifier(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids, type_ids, groups, head_gates=None):
-    """head_gates: optional [layers, heads] multipliers of the attention heads (bertjax.heads)."""
+    """head_gates: optional [layers, heads] multipliers of the attention heads (bertjax.compress.prune)."""
     c = self.cfg
     x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic)
     hidden = Encoder(c, self.deterministic, name="encoder")(x, groups, head_gates)
@@ -79,9 +79,9 @@ MODEL_DIR = "model"  # a seed's fine-tuned model, under workdir/seed_S/ (finetun
 
 def save_model(directory: str, run_config, model: Classifier, params) -> None:
   """Writes a fine-tuned classifier: `config.json` (its encoder's run config, as a pretraining workdir
-  has), `classifier.json` (head and outputs) and an orbax checkpoint of its params (bertjax.heads reads it;
+  has), `classifier.json` (head and outputs) and an orbax checkpoint of its params (bertjax.compress.prune reads it;
   a head-pruned model is written the same way with fewer heads in its config)."""
-  from bertjax.interop import workdir as wd
+  from bertjax.hf import workdir as wd
 
   head = dict(head=model.head, num_outputs=model.num_outputs, classifier_dropout=model.classifier_dropout)
   wd.write(directory, run_config, params, head)
@@ -92,8 +92,9 @@ def save_model(directory: str, run_config, model: Classifier, params) -> None:
 def load_model(directory: str, cfg: EncoderConfig | None = None) -> tuple:
   """(run config, deterministic Classifier, params) of a model written by `save_model`; `cfg` replaces the
   encoder config derived from its config.json (e.g. to change the compute dtype)."""
-  from bertjax import checkpoint, config as config_lib
-  from bertjax.interop import workdir as wd
+  from bertjax.hf import workdir as wd
+  from bertjax.model import config as model_config
+  from bertjax.train import checkpoint
 
   path = os.path.join(directory, "classifier.json")
   if not os.path.isfile(path):
@@ -102,7 +103,7 @@ def load_model(directory: str, cfg: EncoderConfig | None = None) -> tuple:
   with open(path) as f:
     head = json.load(f)
   run_config = wd.load_config(directory)
-  model = Classifier(cfg or config_lib.encoder_config(run_config.model), head["num_outputs"],
+  model = Classifier(cfg or model_config.encoder_config(run_config.model), head["num_outputs"],
                      head["classifier_dropout"], deterministic=True, head=head["head"])
   ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
   shapes = sh.strip_boxes(jax.eval_shape(lambda r, i: model.init({"params": r}, i, i, i)["params"],

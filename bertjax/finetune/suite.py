@@ -17,7 +17,7 @@ import shutil
 import sys
 import time
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.finetune import glue
 
 SOURCES = ("tsv", "tfds")
@@ -72,7 +72,7 @@ def task_config(base, overrides: dict, task: str, recipe: str, source: str, root
                 learning_rate: float | None):
   """The fine-tuning config of one task (and grid point): `base` (the --config file) with the task's `task`
   section, then the recipe, then the --config.* `overrides`, then the suite's own settings."""
-  from bertjax import config as config_lib
+  from bertjax.core import config as config_lib
 
   spec = glue.TASKS[task]
   c = base.copy_and_resolve_references()
@@ -222,7 +222,7 @@ def main():
   from absl import flags
   from ml_collections import config_flags
 
-  from bertjax.errors import cli, run
+  from bertjax.core.cli import cli, run
 
   config = config_flags.DEFINE_config_file("config", "configs/finetune.py", "base fine-tuning config, e.g. "
                                            "configs/finetune.py or configs/finetune.py:tiny", lock_config=True)
@@ -241,7 +241,7 @@ def main():
     tasks, rates = parse_tasks(f_tasks.value), parse_rates(f_rates.value)
     if f_seeds.value < 0:
       raise UserError(f"--seeds={f_seeds.value} must be >= 1 (or 0: the config's)")
-    from bertjax import runtime
+    from bertjax.core import runtime
 
     runtime.setup()
     overrides = config_flags.get_override_values(flags.FLAGS["config"])

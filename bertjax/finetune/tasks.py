@@ -10,7 +10,7 @@ module's functions; bertjax/finetune/classification.py is the reference implemen
 import dataclasses
 import importlib
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 
 # kind -> module. A new family adds one line here (its module provides the functions of docs/finetune_tasks.md).
 KINDS = {

@@ -18,12 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax import config as config_lib, inference, optim, quantize
-from bertjax.data import pipeline
+from bertjax.compress import quantize
+from bertjax.core import config as config_lib
+from bertjax.core.errors import UserError
 from bertjax.finetune import batches, classification, metrics as task_metrics, tasks
 from bertjax.finetune.model import MODEL_DIR, layer_multipliers, scale_by_tree
-from bertjax.errors import UserError
-from bertjax.metrics import MetricWriter
+from bertjax.hf import inference
+from bertjax.model import config as model_config
+from bertjax.train import optim
+from bertjax.train.metrics import MetricWriter
 
 
 EPOCH_MODES = ("bert", "transformers")
@@ -64,7 +67,7 @@ def load_checkpoint(init) -> inference.Loaded:
 
 def encoder_config(config, loaded: inference.Loaded):
   """The checkpoint's main encoder with the fine-tuning dropout and dtype."""
-  enc = config_lib.encoder_config(loaded.config.model)
+  enc = model_config.encoder_config(loaded.config.model)
   m = config.model
   return dataclasses.replace(
       enc, dtype=config_lib.DTYPES[m.dtype],
@@ -100,7 +103,7 @@ def lr_schedule(config, total: int, warmup: int):
 
 
 def make_tx(config, params, cfg, total: int, warmup: int) -> optax.GradientTransformation:
-  """The fine-tuning optimizer: bertjax.optim's (AdamW, schedule, decay mask, clipping) over `total`
+  """The fine-tuning optimizer: bertjax.train.optim's (AdamW, schedule, decay mask, clipping) over `total`
   steps, then ELECTRA's layer-wise rate multipliers when optimizer.layerwise_decay < 1."""
   tx = optim.make(config.optimizer, lr_schedule(config, total, warmup))
   if config.optimizer.layerwise_decay < 1:
@@ -112,7 +115,7 @@ def batch_loss(params, batch, rng, model, task_loss, head_gates=None):
   """The batch's mean task loss: the task's per-example losses weighted by example_weight (padding rows
   weigh 0). `task_loss(outputs, batch)` returns per-example losses [B], or (numerator [B], denominator [B])
   for a loss averaged over units other than examples (e.g. tokens). `rng` None for a deterministic model,
-  `head_gates` [layers, heads] for bertjax.heads' importance."""
+  `head_gates` [layers, heads] for bertjax.compress.prune's importance."""
   out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"],
                     *(() if head_gates is None else (head_gates,)), rngs={"dropout": rng} if rng is not None else {})
   per = task_loss(out, batch)
@@ -122,7 +125,7 @@ def batch_loss(params, batch, rng, model, task_loss, head_gates=None):
 
 
 def _loss(params, batch, rng, model, regression: bool, head_gates=None):
-  """The classification loss (bertjax.heads' importance scores its gradient); `regression` is implied by
+  """The classification loss (bertjax.compress.prune's importance scores its gradient); `regression` is implied by
   the model's outputs and kept for the callers' signature."""
   del regression
   return batch_loss(params, batch, rng, model, classification.loss, head_gates)

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
-from bertjax import sharding as sh
-from bertjax.errors import UserError
+from bertjax.core import sharding as sh
+from bertjax.core.errors import UserError
 
 IMPLEMENTATIONS = ("auto", "xla", "dot_product", "cudnn", "splash")
 FUSED_PLATFORM = {"cudnn": "gpu", "splash": "tpu"}  # a fused kernel and the only platform it runs on

@@ -31,8 +31,8 @@ def layer_map(student_layers: int, teacher_layers: int) -> np.ndarray:
 
 
 class Distiller(nn.Module):
-  """Student + frozen teacher. `cfg`, `generator` and `sentence_head` describe the student (what the loop,
-  the FLOP count and the manifest read of a model)."""
+  """Student + frozen teacher. `cfg`, `generator` and `sentence_head` describe the student; `networks` and
+  `train_flops_per_token` the pair (what the loop, the FLOP count and the manifest read of a model)."""
 
   # The two networks' definitions, run with their own apply on the parameter trees `student` and `teacher`.
   student_model: Pretrainer
@@ -52,6 +52,17 @@ class Distiller(nn.Module):
   @property
   def sentence_head(self) -> bool:
     return False
+
+  @property
+  def networks(self) -> dict:
+    """The two networks' parameter groups (the student alone is written to W/student at the end)."""
+    return {"student": ["student"], "teacher": ["teacher"]}
+
+  def train_flops_per_token(self, seq_len: int, max_predictions: int, wso_positions: int = 0) -> float:
+    """The student's training FLOPs per token plus the frozen teacher's forward pass (a third of its
+    training FLOPs: no backward), both through their MLM heads."""
+    teacher = self.teacher_model.train_flops_per_token(seq_len, max_predictions) / 3.0
+    return self.student_model.train_flops_per_token(seq_len, max_predictions, wso_positions) + teacher
 
   @nn.compact
   def __call__(self, batch):

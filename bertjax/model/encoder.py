@@ -1,7 +1,7 @@
 """The BERT-family encoder: embeddings, post-LN transformer layers scanned over depth, ALBERT sharing.
 
 One encoder serves BERT, RoBERTa, ALBERT and ELECTRA. Its hyperparameters come in a frozen
-`EncoderConfig`; every parameter carries logical axis names (bertjax.sharding) so that sharding is a
+`EncoderConfig`; every parameter carries logical axis names (bertjax.core.sharding) so that sharding is a
 config choice. Layers run under `nn.scan` (stacked parameters, compile time flat in depth). ALBERT's
 cross-layer sharing keeps a shared block once per group *outside* the scan and hands it to every scanned
 layer, so all sharing modes are the same scanned layer with a different set of blocks it owns.
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from bertjax import sharding as sh
+from bertjax.core import sharding as sh
 from bertjax.model import attention as attention_lib
 
 SHARING_MODES = ("none", "all", "attention", "ffn")
@@ -66,7 +66,7 @@ class EncoderConfig:
   attention: str = "xla"  # resolved implementation (bertjax.model.attention): xla | dot_product | cudnn | splash
   head_size: int = 0  # width of one head; 0: hidden_size // num_heads (set when heads were pruned away)
   # Dense matmuls contract the kernel in its own shape, as a quantization library intercepting dot_general
-  # needs (qwix matches the operand to the parameter; bertjax.quantize sets it); else as a 2-D [in, out] matrix.
+  # needs (qwix matches the operand to the parameter; bertjax.compress.quantize sets it); else as a 2-D [in, out] matrix.
   quantizable: bool = False
 
   @property
@@ -249,7 +249,7 @@ class Dense(nn.Module):
     n_in = len(self.in_shape)
     kernel = self.param("kernel", _init(self.cfg, self.names), self.in_shape + self.out_shape)
     bias = self.param("bias", _zeros(self.names[n_in:]), self.out_shape)
-    # flax's promote_dtype (as nn.Dense calls it): quantization libraries intercept it (qwix: bertjax.quantize).
+    # flax's promote_dtype (as nn.Dense calls it): quantization libraries intercept it (qwix: bertjax.compress.quantize).
     x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.cfg.dtype)
     return tokens_matmul(x, kernel, n_in, flat_kernel=not self.cfg.quantizable) + bias.astype(self.cfg.dtype)
 
@@ -323,7 +323,7 @@ class Attention(Block):
   @nn.compact
   def __call__(self, x, mask, head_gates=None):
     """`mask`: the additive bias [B, 1, S, S] of `attention_bias` for the xla implementation, the groups
-    [B, S] for a fused one (`attention_mask`). `head_gates`: optional [heads] of this layer (bertjax.heads)."""
+    [B, S] for a fused one (`attention_mask`). `head_gates`: optional [heads] of this layer (bertjax.compress.prune)."""
     c = self.cfg
     proj = lambda n: dense(c, c.hidden_size, (c.num_heads, c.head_dim), (sh.EMBED, sh.HEADS, sh.KV), n)
     q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)

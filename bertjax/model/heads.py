@@ -4,8 +4,8 @@ SpanBERT's span-boundary head."""
 import jax.numpy as jnp
 from flax import linen as nn
 
-from bertjax import sharding as sh
-from bertjax.model.encoder import EncoderConfig, _init, _zeros, activation, dense, layer_norm
+from bertjax.core import sharding as sh
+from bertjax.model.encoder import _init, _zeros, activation, dense, EncoderConfig, layer_norm
 
 # SpanBERT's SBO head (facebookresearch/SpanBERT pretraining/fairseq/models/pair_bert.py,
 # BertPairTargetPredictionHead: max_targets=20, position_embedding_size=200): a relative-position table of

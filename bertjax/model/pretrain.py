@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from bertjax.model import flops
 from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig
 from bertjax.model.heads import MLMHead, RTDHead, SBOHead, SentenceHead
 
@@ -41,6 +42,22 @@ class Pretrainer(nn.Module):
   wso: bool = False  # StructBERT's shuffled trigrams, decoded by the MLM head
   sample_temperature: float = 1.0
   deterministic: bool = True
+
+  @property
+  def networks(self) -> dict:
+    """Which top-level parameter groups form which network (ELECTRA holds two): what a checkpoint's manifest
+    records, so that an export knows what to write."""
+    if self.generator is not None:
+      return {"discriminator": ["embeddings", "encoder", "rtd"] + (["sentence"] if self.sentence_head else []),
+              "generator": ["embeddings", "generator_encoder", "generator_mlm"]}
+    return {"encoder": ["embeddings", "encoder", "mlm"] + (["sentence"] if self.sentence_head else [])
+            + (["sbo_head"] if self.sbo else [])}
+
+  def train_flops_per_token(self, seq_len: int, max_predictions: int, wso_positions: int = 0) -> float:
+    """Analytic training FLOPs per token of this model, its heads as it has them (bertjax.model.flops)."""
+    return flops.train_flops_per_token(self.cfg, seq_len, max_predictions, self.generator, self.sentence_head,
+                                       sentence_classes=self.sentence_classes, sbo=self.sbo,
+                                       wso_positions=wso_positions if self.wso else 0)
 
   def setup(self):
     self.embeddings = Embeddings(self.cfg)

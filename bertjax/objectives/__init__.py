@@ -1,12 +1,13 @@
 """Pretraining objectives by name: a config lists `objectives = {name: weight}` and the loss is the sum.
 
 Each objective module has `loss(outputs, batch) -> (loss_sum, metrics)` (float32 sum over its targets;
-metrics a flat dict of bertjax.metrics types, computed only when reported) and `count(batch)`, the number of
+metrics a flat dict of bertjax.core.metrics types, computed only when reported) and `count(batch)`, the number of
 its targets, known before the forward pass. Dividing each sum by the count of the *whole* batch makes a
 step with gradient accumulation exactly the large-batch step. Adding one is a module plus a line here.
 """
 
-from bertjax.metrics import Mean
+from bertjax.core.config import active_objectives, check
+from bertjax.core.metrics import Mean
 from bertjax.objectives import distill, mlm, rtd, sbo, sentence, wso
 
 REGISTRY = {
@@ -45,3 +46,27 @@ def total_loss(objectives: dict, outputs, batch, denominators=None):
     metrics.update(m)
   metrics["loss"] = Mean(total, 1.0)
   return total, metrics
+
+
+def validate(config):
+  """Checks config.objectives: known names, at least MLM, the pairings some objectives need (rtd and a
+  generator, sentence pairs and segment types, sbo/wso and an MLM head), and distillation's MLM-only student;
+  raises UserError with the fix on the first problem."""
+  m = config.model
+  unknown = set(config.objectives) - set(REGISTRY)
+  check(not unknown, f"unknown objectives {sorted(unknown)}; use {', '.join(REGISTRY)}")
+  objectives = active_objectives(config)
+  others = sorted(o for o in objectives if o != "mlm" and not o.startswith("distill_"))
+  check(not config.get("teacher") or not others,
+        f"distillation trains an MLM student: set the {', '.join(others)} weight{'s' if len(others) > 1 else ''} to 0")
+  check(bool(objectives), "no objective has a nonzero weight; set e.g. --config.objectives.mlm=1")
+  check("mlm" in objectives, "every setup here trains an MLM head (ELECTRA's generator included); set --config.objectives.mlm")
+  check(("rtd" in objectives) == (m.generator_fraction > 0),
+        "the rtd objective needs a generator and a generator needs rtd: set both "
+        "--config.objectives.rtd and --config.model.generator_fraction, or neither")
+  check(m.type_vocab_size >= 2 or not ({"nsp", "sop", "sso"} & set(objectives)),
+        "NSP/SOP/SSO pairs need model.type_vocab_size >= 2")
+  for name in ("sbo", "wso"):
+    check(name not in objectives or "rtd" not in objectives,
+          f"the {name} objective decodes through the MLM head on the main encoder, which ELECTRA's discriminator "
+          f"lacks; switch off --config.objectives.{name} or --config.objectives.rtd")

@@ -19,7 +19,7 @@ import types
 import jax
 import jax.numpy as jnp
 
-from bertjax.metrics import Mean
+from bertjax.core.metrics import Mean
 
 
 def _mlm_count(batch):

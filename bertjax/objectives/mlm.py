@@ -1,6 +1,6 @@
 """Masked LM: cross-entropy over the gathered masked positions (padded slots weigh 0)."""
 
-from bertjax.metrics import Mean
+from bertjax.core.metrics import Mean
 from bertjax.objectives.common import softmax_xent
 
 

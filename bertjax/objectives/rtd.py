@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.metrics import AUC, Mean
+from bertjax.core.metrics import AUC, Mean
 
 AUC_BINS = 1000
 

@@ -8,7 +8,7 @@ boundaries. SpanBERT's loss is MLM + SBO, each a mean over its own targets.
 
 import jax.numpy as jnp
 
-from bertjax.metrics import Mean
+from bertjax.core.metrics import Mean
 from bertjax.model.heads import SBO_MAX_TARGETS
 from bertjax.objectives.common import softmax_xent
 

@@ -8,7 +8,7 @@ SSO: label 0 = B follows A, 1 = B precedes A, 2 = B comes from another document 
 
 import types
 
-from bertjax.metrics import Mean
+from bertjax.core.metrics import Mean
 from bertjax.objectives.common import softmax_xent
 
 

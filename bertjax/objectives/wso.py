@@ -1,7 +1,7 @@
 """StructBERT's word-structural objective: at every position of a shuffled trigram, cross-entropy of the
 original token, decoded by the MLM head (`masking.shuffle_trigrams` makes the trigrams)."""
 
-from bertjax.metrics import Mean
+from bertjax.core.metrics import Mean
 from bertjax.objectives.common import softmax_xent
 
 

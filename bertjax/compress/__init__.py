@@ -1,0 +1,1 @@
+"""Compressing a pretrained model: distillation, quantization, attention-head pruning, and head analysis."""

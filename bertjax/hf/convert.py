@@ -1,0 +1,304 @@
+"""HF checkpoint directory <-> (bertjax config, Pretrainer params), and bertjax workdirs in and out.
+
+Import reads config.json, the weights and the tokenizer of an HF directory into a bertjax config and the
+parameter tree of bertjax's own `Pretrainer` (layers stacked for the scan); heads the checkpoint lacks are
+freshly initialized and listed. Export writes HF's layout back (config.json, model.safetensors, tokenizer
+files), one directory per network for ELECTRA (`discriminator/`, `generator/`), so `transformers` loads it.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import zlib
+
+import jax
+import ml_collections
+import numpy as np
+
+from bertjax.core import config as config_lib
+from bertjax.core.errors import UserError
+from bertjax.data.tokenizer import SentencePieceTokenizer, SpecialIds, Tokenizer, WordPieceTokenizer
+from bertjax.hf import configs, safetensors_io, tokenizers as hf_tokenizers, weights as W
+from bertjax.model import config as model_config
+from bertjax.train import build
+
+# HF tensors that are copies of others (tied decoders) or buffers: never "unused".
+_TIED = ("decoder.weight", "decoder.bias", "generator_lm_head.weight", "position_ids", "token_type_ids")
+
+
+@dataclasses.dataclass
+class Imported:
+  """An imported checkpoint: bertjax config and Pretrainer params (numpy), its tokenizer, and notes."""
+
+  config: ml_collections.ConfigDict
+  params: dict
+  tokenizer: Tokenizer | None
+  family: str
+  fresh: list  # bertjax parameter paths the checkpoint did not have (freshly initialized)
+  unused: list  # HF tensors that went nowhere
+  pooler: dict | None = None  # a pooler without a sentence classifier (BertModel): kept for fine-tuning
+
+
+def _read_json(path: str, what: str) -> dict:
+  if not os.path.isfile(path):
+    raise UserError(f"no {what} at {path}; point --hf_dir at an HF checkpoint directory")
+  with open(path) as f:
+    return json.load(f)
+
+
+def _prefix(family: str, tensors: dict) -> str:
+  """"bert." etc. when the weights come from a model with heads, "" for a bare BertModel."""
+  p = W.PREFIX[family]
+  return p if any(k.startswith(p) for k in tensors) else ""
+
+
+def _modern_names(tensors: dict) -> dict:
+  """Old TF-converted checkpoints name LayerNorm parameters gamma/beta; transformers renames them on load."""
+  rename = lambda k: k[:-6] + ".weight" if k.endswith(".gamma") else k[:-5] + ".bias" if k.endswith(".beta") else k
+  return {rename(k): v for k, v in tensors.items()}
+
+
+def _heads(family: str, tensors: dict) -> set:
+  heads = set()
+  if W.MLM_BIAS[family] in tensors:
+    heads.add("mlm")
+  if family in W.SENTENCE_CLASSIFIER and W.SENTENCE_CLASSIFIER[family] + ".weight" in tensors:
+    heads.add("sentence")
+  if family == "electra" and "mlm" not in heads:
+    heads.add("rtd")  # ElectraForPreTraining, or a bare ElectraModel (its discriminator body)
+  return heads
+
+
+def _body(family: str, config, prefix: str, scope: str = "encoder", generator: bool = False) -> list:
+  """Entries of the embeddings-to-last-layer body of one network."""
+  enc = model_config.encoder_config(config.model, generator=generator)
+  if family == "albert":
+    shared = config.model.sharing == "all"
+    return W.albert_encoder(prefix, enc.num_groups if shared else enc.num_layers, shared)
+  return W.encoder(prefix, enc.num_layers, scope, projection=enc.embedding_size != enc.hidden_size)
+
+
+def fresh_leaf(path: str, shape, std: float, seed: int) -> np.ndarray:
+  """A new value for the parameter at `path`, as bertjax's initializers make it (LayerNorm scale 1, biases
+  0, the rest truncated normal), without compiling the model's init; seeded by (seed, path)."""
+  name = path.rsplit("/", 1)[-1]
+  rng = jax.random.fold_in(jax.random.key(seed), zlib.crc32(path.encode()))
+  if name in ("scale", "bias"):
+    return np.full(shape, 1.0 if name == "scale" else 0.0, np.float32)
+  # flax's truncated_normal: cut at 2 standard deviations, rescaled so the std is `std`.
+  return np.asarray(jax.random.truncated_normal(rng, -2.0, 2.0, shape) * (std / 0.87962566103423978), np.float32)
+
+
+def init_params(config, seed: int = 0) -> dict:
+  """A fresh random Pretrainer params tree (numpy) for the config, leaf by leaf (see fresh_leaf)."""
+  shapes = build.param_shapes(config)
+  leaf = lambda p, s: fresh_leaf("/".join(k.key for k in p), s.shape, config.model.init_std, seed)
+  return jax.tree_util.tree_map_with_path(leaf, shapes)
+
+
+def _paths(tree, prefix=""):
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      yield from _paths(v, f"{prefix}{k}/")
+    else:
+      yield f"{prefix}{k}"
+
+
+def _albert_identity(tensors, prefix, hidden):
+  """ALBERT with E == H still has an E->H mapping, which bertjax (no projection when E == H) can only
+  take when it is the identity."""
+  name = prefix + "encoder.embedding_hidden_mapping_in"
+  w, b = tensors.get(name + ".weight"), tensors.get(name + ".bias")
+  if w is not None and not (np.allclose(w, np.eye(hidden), atol=1e-6) and np.allclose(b, 0, atol=1e-6)):
+    raise UserError("this ALBERT checkpoint has embedding_size == hidden_size with a non-identity "
+                    "embedding_hidden_mapping_in, which bertjax cannot represent")
+
+
+def read_hf(hf_dir: str, generator_dir: str = "", seed: int = 0) -> Imported:
+  """Imports an HF checkpoint directory (config.json, model.safetensors or pytorch_model.bin, tokenizer).
+
+  Args:
+    hf_dir: the checkpoint. ELECTRA: a discriminator (ElectraForPreTraining) becomes a bertjax ELECTRA model
+      whose generator comes from `generator_dir` or is fresh; a generator alone (ElectraForMaskedLM)
+      becomes a plain bertjax MLM model.
+    generator_dir: ELECTRA only: the generator checkpoint that goes with the discriminator.
+    seed: seeds the initialization of what the checkpoint lacks.
+  """
+  hf = _read_json(os.path.join(hf_dir, "config.json"), "config.json")
+  family = configs.family_of(hf)
+  tensors = _modern_names(safetensors_io.read_dir(hf_dir))
+  prefix, heads = _prefix(family, tensors), _heads(family, tensors)
+  gen_hf = gen_tensors = None
+  if generator_dir:
+    if family != "electra" or "rtd" not in heads:
+      raise UserError("--generator_dir goes with an ELECTRA discriminator in --hf_dir")
+    gen_hf = _read_json(os.path.join(generator_dir, "config.json"), "generator config.json")
+    gen_tensors = _modern_names(safetensors_io.read_dir(generator_dir))
+  config = configs.from_hf(hf, family, heads, gen_hf)
+  config.seed = seed
+  shapes = build.param_shapes(config)
+  enc = model_config.encoder_config(config.model)
+  if family == "albert" and enc.embedding_size == enc.hidden_size:
+    _albert_identity(tensors, prefix, enc.hidden_size)
+  entries = W.embeddings(prefix) + [e for e in _body(family, config, prefix)
+                                    if not (e.path.startswith("encoder/embedding_projection")
+                                            and enc.embedding_size == enc.hidden_size)]
+  if "mlm" in heads:
+    entries += W.mlm_head(family)
+  if "sentence" in heads:
+    entries += W.sentence_head(family, prefix)
+  if "rtd" in heads:
+    entries += W.rtd_head()
+  params, missing = W.import_tensors(entries, tensors, shapes)
+  used = {n for e in entries for n in e.hf}
+  if gen_tensors is not None:
+    gp = _prefix(family, gen_tensors)
+    gen_entries = _body(family, config, gp, scope="generator_encoder", generator=True) + W.mlm_head("electra", "generator_mlm")
+    gen_params, gen_missing = W.import_tensors(gen_entries, gen_tensors, shapes)
+    params.update(gen_params)
+    missing += gen_missing
+    emb = gen_tensors.get(gp + "embeddings.word_embeddings.weight")
+    if emb is not None and not np.allclose(emb, params["embeddings"]["word"], atol=1e-5):
+      raise UserError("the generator's embeddings differ from the discriminator's; bertjax's ELECTRA shares "
+                      "one table, so import the networks separately")
+  essential = [n for n in missing if "embeddings." in n or ".layer." in n or "albert_layer" in n]
+  if essential:
+    raise UserError(f"{hf_dir} lacks {len(essential)} encoder tensors (e.g. {essential[0]}); is it a {family} "
+                    "checkpoint matching its config.json?")
+  pooler = None
+  pooler_name = prefix + ("pooler" if family == "albert" else "pooler.dense")
+  if "sentence" not in heads and pooler_name + ".weight" in tensors:
+    target = {"pooler": {"kernel": np.zeros((enc.hidden_size,) * 2), "bias": np.zeros(enc.hidden_size)}}
+    pooler = W.import_tensors(W.entries_of("pooler", pooler_name), tensors, target)[0]["pooler"]
+    used |= {pooler_name + ".weight", pooler_name + ".bias"}
+  fresh = [path for path in _paths(shapes) if not W.has(params, path)]
+  for path in fresh:
+    W.put(params, path, fresh_leaf(path, W.get(shapes, path).shape, config.model.init_std, seed))
+  unused = sorted(n for n in tensors if n not in used and not n.endswith(_TIED))
+  tok = None
+  if hf_tokenizers.has_tokenizer(hf_dir):
+    tok = hf_tokenizers.from_dir(hf_dir)
+    if tok.vocab_size > config.model.vocab_size:
+      raise UserError(f"the tokenizer has {tok.vocab_size} ids but the model only {config.model.vocab_size}")
+  return Imported(config, params, tok, family, fresh, unused, pooler)
+
+
+# ---------------------------------------------------------------- export
+
+
+ARCHITECTURES = {  # (family, has sentence head) -> HF class of the exported network
+    ("bert", False): "BertForMaskedLM", ("bert", True): "BertForPreTraining",
+    ("roberta", False): "RobertaForMaskedLM",
+    ("albert", False): "AlbertForMaskedLM", ("albert", True): "AlbertForPreTraining",
+    ("distilbert", False): "DistilBertForMaskedLM",
+}
+
+
+def _shift_positions(table: np.ndarray, shift: int) -> np.ndarray:
+  """The position table as HF RoBERTa indexes it when its first id (pad_token_id + 1) differs from
+  bertjax's position_offset by `shift` rows (unused rows are zero)."""
+  if shift == 0:
+    return table
+  out = np.zeros_like(table)
+  if shift > 0:
+    out[:-shift] = table[shift:]
+  else:
+    out[-shift:] = table[:shift]
+  return out
+
+
+def heads_without_hf(config) -> list:
+  """The trained heads that transformers has no class for, which export leaves out (the encoder and the MLM
+  head, which StructBERT's word-structural objective also trains, are exported)."""
+  objectives = config_lib.active_objectives(config)
+  out = []
+  if "sbo" in objectives:
+    out.append("sbo_head (SpanBERT's span-boundary head)")
+  if "sso" in objectives:
+    out.append("sentence (StructBERT's 3-way sentence-structural head; HF's NSP head has 2 classes)")
+  return out
+
+
+def _network(config, params, family: str, generator: bool, special: SpecialIds):
+  """(config.json dict, HF tensors) of one network of a bertjax model."""
+  # StructBERT's 3-way sentence head has no HF class: the network exports as *ForMaskedLM.
+  sentence = "sentence" in params and not generator and "sso" not in config_lib.active_objectives(config)
+  if family == "electra":
+    arch = "ElectraForMaskedLM" if generator else "ElectraForPreTraining"
+  else:
+    if sentence and (family, True) not in ARCHITECTURES:
+      raise UserError(f"HF {family} has no sentence-pair pretraining head; drop nsp/sop to export this model")
+    arch = ARCHITECTURES[(family, sentence)]
+  hf = configs.to_hf(config, family, arch, special, generator=generator)
+  prefix = W.PREFIX[family]
+  enc = model_config.encoder_config(config.model, generator=generator)
+  scope = "generator_encoder" if generator else "encoder"
+  if family == "distilbert":  # no segment embeddings; layers under transformer.layer.{i}
+    entries = [e for e in W.embeddings(prefix) if e.path != "embeddings/type"] + W.distilbert_encoder(
+        prefix, enc.num_layers)
+  else:
+    entries = W.embeddings(prefix) + _body(family, config, prefix, scope, generator)
+  if family == "albert" and enc.embedding_size == enc.hidden_size:
+    entries = [e for e in entries if not e.path.startswith("encoder/embedding_projection")]
+  if family == "electra":
+    entries += W.mlm_head("electra", "generator_mlm") if generator else W.rtd_head()
+  else:
+    entries += W.mlm_head(family)
+    if sentence:
+      entries += W.sentence_head(family, prefix)
+  tensors = W.export_tensors(entries, params)
+  if family == "albert" and enc.embedding_size == enc.hidden_size:
+    name = prefix + "encoder.embedding_hidden_mapping_in"
+    tensors[name + ".weight"] = np.eye(enc.hidden_size, dtype=np.float32)
+    tensors[name + ".bias"] = np.zeros(enc.hidden_size, np.float32)
+  if family == "roberta":
+    key = prefix + "embeddings.position_embeddings.weight"
+    tensors[key] = _shift_positions(tensors[key], config.model.position_offset - (special.pad + 1))
+  return hf, tensors
+
+
+def _write_tokenizer(tok: Tokenizer | None, out_dir: str):
+  """The tokenizer files transformers' AutoTokenizer reads: the HF files as they came, a WordPiece
+  vocab.txt, or a SentencePiece model as spiece.model read with AlbertTokenizer's [CLS] A [SEP] template."""
+  if tok is None:
+    return
+  if isinstance(tok, hf_tokenizers.HFTokenizer):
+    for name in hf_tokenizers.TOKENIZER_FILES:
+      src = os.path.join(tok.path, name)
+      if os.path.isfile(src):
+        shutil.copy(src, os.path.join(out_dir, name))
+    return
+  names = dict(pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+  if isinstance(tok, WordPieceTokenizer):
+    shutil.copy(tok.path, os.path.join(out_dir, "vocab.txt"))
+    cfg = dict(tokenizer_class="BertTokenizer", do_lower_case=tok.lowercase, **names)
+  elif isinstance(tok, SentencePieceTokenizer):
+    shutil.copy(tok.path, os.path.join(out_dir, "spiece.model"))
+    cfg = dict(tokenizer_class="AlbertTokenizer", do_lower_case=False, keep_accents=True, **names)
+  else:
+    return
+  with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+    json.dump(cfg, f, indent=2)
+
+
+def write_hf(config, params, out_dir: str, tokenizer: Tokenizer | None = None,
+             special: SpecialIds | None = None) -> list:
+  """Exports a bertjax model to HF's layout; returns the directories written (ELECTRA: OUT/discriminator
+  and OUT/generator, each a complete checkpoint)."""
+  build.validate(config)
+  special = special or (tokenizer.special if tokenizer else SpecialIds(0, 1, 2, 3, 4))
+  family = configs.family_for(config)
+  params = jax.tree.map(np.asarray, params)
+  networks = [("discriminator", False), ("generator", True)] if family == "electra" else [("", False)]
+  written = []
+  for name, generator in networks:
+    directory = os.path.join(out_dir, name) if name else out_dir
+    os.makedirs(directory, exist_ok=True)
+    hf, tensors = _network(config, params, family, generator, special)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+      json.dump(hf, f, indent=2)
+    safetensors_io.write_file(os.path.join(directory, safetensors_io.SINGLE), tensors, {"format": "pt"})
+    _write_tokenizer(tokenizer, directory)
+    written.append(directory)
+  return written

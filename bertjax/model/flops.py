@@ -1,0 +1,79 @@
+"""Analytic training FLOPs per token (forward + backward = 3x forward), shared by summary and bench.
+
+Counts matrix multiplies only (2 FLOPs per multiply-add), as MFU conventions do: per layer the four
+attention projections, QK^T and PV over the sequence, and the FFN; the E->H projection; the MLM head on
+the `max_predictions` gathered positions only; the RTD/sentence heads; SpanBERT's SBO head on the same
+positions; StructBERT's shuffled positions through the MLM head. ALBERT sharing changes none of it.
+"""
+
+from bertjax.model.encoder import EncoderConfig
+
+
+def encoder_forward_flops(c: EncoderConfig, seq_len: int) -> float:
+  """Forward FLOPs per token of one encoder."""
+  h, f = c.hidden_size, c.intermediate_size
+  per_layer = 2 * (4 * h * h + 2 * h * f) + 2 * 2 * seq_len * h  # projections + FFN + scores/values
+  proj = 2 * c.embedding_size * h if c.embedding_size != h else 0
+  return c.num_layers * per_layer + proj
+
+
+def mlm_head_forward_flops(c: EncoderConfig, seq_len: int, max_predictions: int) -> float:
+  per_position = 2 * (c.hidden_size * c.embedding_size + c.embedding_size * c.vocab_size)
+  return per_position * max_predictions / seq_len
+
+
+def sbo_head_forward_flops(c: EncoderConfig, seq_len: int, max_predictions: int) -> float:
+  """SpanBERT's SBO head on every MLM slot: (2H + 200) -> H -> E, then the tied decoder."""
+  from bertjax.model.heads import SBO_POSITION_SIZE
+
+  h, e = c.hidden_size, c.embedding_size
+  per_position = 2 * ((2 * h + SBO_POSITION_SIZE) * h + h * e + e * c.vocab_size)
+  return per_position * max_predictions / seq_len
+
+
+def train_flops_per_token(main: EncoderConfig, seq_len: int, max_predictions: int, generator=None,
+                          sentence_head: bool = False, *, sentence_classes: int = 2, sbo: bool = False,
+                          wso_positions: int = 0) -> float:
+  """Training FLOPs per token (3x the forward pass) of the whole pretraining model (`wso_positions`: the
+  shuffled positions per example that the MLM head also decodes)."""
+  fwd = encoder_forward_flops(main, seq_len)
+  if generator is None:
+    fwd += mlm_head_forward_flops(main, seq_len, max_predictions + wso_positions)
+  else:
+    fwd += encoder_forward_flops(generator, seq_len) + mlm_head_forward_flops(generator, seq_len, max_predictions)
+    fwd += 2 * (main.hidden_size * main.hidden_size + main.hidden_size)  # RTD head on every token
+  if sentence_head:
+    fwd += 2 * (main.hidden_size * main.hidden_size + sentence_classes * main.hidden_size) / seq_len
+  if sbo:
+    fwd += sbo_head_forward_flops(main, seq_len, max_predictions)
+  return 3.0 * fwd
+
+
+def model_train_flops_per_token(model, seq_len: int, max_predictions: int, wso_positions: int = 0) -> float:
+  """Training FLOPs per token of a built model (a Pretrainer, or a Distiller with its teacher), as the model
+  counts its own heads and networks."""
+  return model.train_flops_per_token(seq_len, max_predictions, wso_positions)
+
+
+# Peak dense bf16 FLOP/s per device, by jax device_kind prefix (for MFU; CPU has none: bench measures it).
+PEAK_FLOPS = {
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v5": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+    "NVIDIA H100": 989e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA A100": 312e12,
+}
+
+
+def peak_flops(device) -> float:
+  """Peak FLOP/s of one device, or 0.0 when unknown (CPU)."""
+  kind = getattr(device, "device_kind", "")
+  for prefix, peak in PEAK_FLOPS.items():
+    if kind.startswith(prefix):
+      return peak
+  return 0.0

@@ -1,0 +1,218 @@
+"""The one factory from a config to what runs: the model, its shapes, a fresh state, the jitted steps.
+
+The training loop, the CLIs (summary, aot, bench), interop and inference all build through here, so a
+model is made one way everywhere. `make_steps` places everything by logical axis names on a mesh and
+jits init/train/eval with explicit shardings; each jitted function is traced, lowered and compiled
+under the mesh and rules it was made for (`Jitted`).
+"""
+
+import dataclasses
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from bertjax import objectives as objectives_lib
+from bertjax.core import config as config_lib, sharding
+from bertjax.core.errors import UserError
+from bertjax.data import instances
+from bertjax.data.tokenizer import SpecialIds
+from bertjax.model import attention as attention_lib, config as model_config
+from bertjax.model.pretrain import Pretrainer
+from bertjax.objectives import masking
+from bertjax.train import optim, step as step_lib
+
+
+def validate(config):
+  """Checks the whole run config, each part by the code that owns its values (model, masking, objectives,
+  optimizer, the run's own keys and phases, attention at every phase's shape, data); raises UserError with
+  the fix on the first problem. Every command that runs a config checks it here first."""
+  model_config.validate(config)
+  masking.validate(config)
+  objectives_lib.validate(config)
+  optim.validate(config)
+  config_lib.validate(config)
+  model_config.validate_attention(config)
+  instances.validate(config)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plugin:
+  """A kind of run that plugs into the factory from above (distillation: bertjax.compress.distill), for the
+  configs `applies` says: it wraps the model, the optimizer and the state initializer this module makes.
+  The factory itself knows models and objectives only."""
+
+  applies: Callable  # config -> bool
+  model: Callable  # (config, model, platform) -> the model the steps run
+  tx: Callable  # (config, tx) -> the optimizer the steps update with
+  init: Callable  # (init, config, param_shardings) -> rng -> TrainState
+
+
+_PLUGINS: list = []
+
+
+def register(plugin: Plugin):
+  """Adds `plugin` (once) to the kinds of run the factory builds."""
+  if plugin not in _PLUGINS:
+    _PLUGINS.append(plugin)
+
+
+def _plugin(config) -> Plugin | None:
+  """The plugin for this config, or None; a config with a teacher and no plugin loaded is an error (the
+  distillation command loads it)."""
+  found = next((p for p in _PLUGINS if p.applies(config)), None)
+  if found is None and config.get("teacher"):
+    raise UserError("--config.teacher is set: distillation runs with python -m bertjax.distill (or import "
+                    "bertjax.compress.distill first)")
+  return found
+
+
+def make_model(config, platform: str | None = None) -> Pretrainer:
+  """The pretraining model of a config (heads and generator follow from the objectives) for `platform`'s
+  attention implementation (default: JAX's backend), as a plugin (distillation) wraps it for its configs."""
+  objectives = config_lib.active_objectives(config)
+  sentence = [o for o in objectives_lib.SENTENCE_OBJECTIVES if o in objectives]
+  model = Pretrainer(
+      cfg=model_config.encoder_config(config.model, platform=platform),
+      generator=model_config.encoder_config(config.model, generator=True, platform=platform) if "rtd" in objectives else None,
+      sentence_head=bool(sentence),
+      sentence_classes=max([objectives_lib.SENTENCE_CLASSES[o] for o in sentence], default=2),
+      sbo="sbo" in objectives,
+      wso="wso" in objectives,
+      sample_temperature=config.model.sample_temperature,
+  )
+  plugin = _plugin(config)
+  return plugin.model(config, model, platform) if plugin else model
+
+
+def dummy_batch(config, batch_size: int = 1) -> dict:
+  """A batch of zeros with the shapes of a masked training batch (for init and shape inference)."""
+  s, p = config.seq_len, config_lib.max_predictions(config)
+  q = masking.shuffle_slots(s, config.masking.wso_share)
+  ints = lambda *shape: jnp.zeros(shape, jnp.int32)
+  return dict(input_ids=ints(batch_size, s), original_ids=ints(batch_size, s), type_ids=ints(batch_size, s),
+              groups=jnp.ones((batch_size, s), jnp.int32), mlm_positions=ints(batch_size, p),
+              mlm_weights=jnp.zeros((batch_size, p)), span_left=ints(batch_size, p), span_right=ints(batch_size, p),
+              wso_positions=ints(batch_size, max(q, 1)))
+
+
+def host_batch_spec(config, batch_size: int) -> dict:
+  """Shapes and dtypes of the batches the loader yields (what the jitted steps take)."""
+  s = config.seq_len
+  sds = jax.ShapeDtypeStruct
+  return dict(input_ids=sds((batch_size, s), jnp.int32), type_ids=sds((batch_size, s), jnp.int32),
+              word_start=sds((batch_size, s), jnp.bool_), groups=sds((batch_size, s), jnp.int32),
+              sentence_label=sds((batch_size,), jnp.int32), example_weight=sds((batch_size,), jnp.float32))
+
+
+def init_params(model: Pretrainer, config, rng):
+  """The model's fresh parameters, still carrying their logical-axis boxes."""
+  return model.init({"params": rng, "sample": rng, "dropout": rng}, dummy_batch(config))["params"]
+
+
+def param_shapes(config) -> dict:
+  """The Pretrainer's parameter tree as jax.ShapeDtypeStructs (nothing allocated)."""
+  model = make_model(config)
+  return sharding.strip_boxes(jax.eval_shape(functools.partial(init_params, model, config), jax.random.key(0)))
+
+
+def init_state(rng, model, tx, config) -> step_lib.TrainState:
+  """A fresh TrainState whose parameters still carry their logical-axis boxes."""
+  params = init_params(model, config, rng)
+  return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def step_config(config, special: SpecialIds) -> step_lib.StepConfig:
+  """What the steps need besides model and optimizer: seed, masking (with the tokenizer's special ids),
+  weighted objectives, microbatches, and which steps the loop logs (phase ends and every log_every-th)."""
+  if not config.get("teacher") and any(k.startswith("distill_") for k in config_lib.active_objectives(config)):
+    raise UserError("the distill_* objectives need a teacher: set --config.teacher to a bertjax workdir or an HF "
+                    "checkpoint (python -m bertjax.distill)")
+  return step_lib.StepConfig(
+      seed=config.seed, masking=masking.make_config(config, special),
+      objectives=tuple(config_lib.active_objectives(config).items()), grad_accum_steps=config.grad_accum_steps,
+      report_every=config.log_every, report_at=tuple(p.end for p in config_lib.phases(config)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Jitted:
+  """A jitted function that is traced, lowered and compiled under the mesh and logical axis rules it was
+  made for (the model's logical constraints are resolved at trace time)."""
+
+  fn: object  # the jax.jit-wrapped function
+  mesh: jax.sharding.Mesh
+  rules: tuple
+
+  def __call__(self, *args):
+    with sharding.activate(self.mesh, self.rules):
+      return self.fn(*args)
+
+  def lower(self, *args):
+    with sharding.activate(self.mesh, self.rules):
+      return self.fn.lower(*args)
+
+
+@dataclasses.dataclass
+class Steps:
+  """The jitted functions of a run and the shardings they were compiled for."""
+
+  model: Pretrainer
+  tx: object
+  schedule: object  # step -> learning rate, the one tx follows (what the loop logs as `lr`)
+  cfg: step_lib.StepConfig
+  state_shardings: object  # TrainState of NamedShardings
+  abstract_state: object  # TrainState of ShapeDtypeStructs carrying those shardings (restore target)
+  batch_sharding: object
+  init: Jitted  # rng -> TrainState, created already sharded
+  train: Jitted  # (state, batch) -> (state, metrics); donates state
+  eval: Jitted  # (params, batch, index) -> metric sums
+
+
+def mesh_platform(mesh) -> str:
+  """'cpu', 'gpu' or 'tpu': what the mesh's devices are (a TPU topology's, when aot compiles on a CPU host)."""
+  platform = mesh.devices.flat[0].platform
+  return "gpu" if platform in ("cuda", "rocm") else platform
+
+
+def attention_notice(config, mesh) -> str:
+  """The attention implementation a run on `mesh` uses, and why if not the requested one (one line); raises
+  UserError where the requested kernel cannot run there."""
+  m = config.model
+  impl, notice = attention_lib.resolve(m.attention, m.attention_dropout, mesh_platform(mesh), m.dtype)
+  return notice or f"attention: {impl}"
+
+
+def make_steps(config, mesh, special: SpecialIds) -> Steps:
+  """Builds model, optimizer and the jitted init/train/eval steps with explicit shardings on `mesh`.
+
+  `special` are the run's tokenizer's special ids (masking never picks them). Parameters are placed by
+  their logical axis names through the config's sharding rules; the state is initialized already sharded
+  (jit with out_shardings), never built on one host and copied.
+  """
+  rules = sharding.config_rules(config)
+  schedule = optim.lr_schedule(config)
+  model, tx = make_model(config, mesh_platform(mesh)), optim.make(config.optimizer, schedule)
+  plugin = _plugin(config)
+  if plugin:  # distillation: the teacher is frozen, no updates, no optimizer state
+    tx = plugin.tx(config, tx)
+  cfg = step_config(config, special)
+  with nn.logical_axis_rules(rules):
+    boxed = jax.eval_shape(functools.partial(init_state, model=model, tx=tx, config=config), jax.random.key(0))
+  shardings = sharding.logical_shardings(boxed, mesh, rules)
+  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          sharding.strip_boxes(boxed), shardings)
+  batch_sharding = jax.sharding.NamedSharding(mesh, sharding.batch_spec())
+  repl = sharding.replicated(mesh)
+  init = jax.jit(lambda r: nn.unbox(init_state(r, model, tx, config)), out_shardings=shardings)
+  train = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, cfg=cfg),
+                  in_shardings=(shardings, batch_sharding), out_shardings=(shardings, repl), donate_argnums=(0,))
+  evaluate = jax.jit(functools.partial(step_lib.eval_step, model=model, cfg=cfg),
+                     in_shardings=(shardings.params, batch_sharding, repl), out_shardings=repl)
+  on_mesh = functools.partial(Jitted, mesh=mesh, rules=rules)
+  init = on_mesh(init)
+  if plugin:  # distillation: a fresh state holds the teacher's weights (and the student starts from them)
+    init = plugin.init(init, config, shardings.params)
+  return Steps(model, tx, schedule, cfg, shardings, abstract, batch_sharding, init, on_mesh(train),
+               on_mesh(evaluate))

@@ -1,0 +1,148 @@
+"""Optimizers: AdamW or ALBERT's LAMB, the reference schedules, decay mask, clipping.
+
+`make(optimizer_config, schedule(kind, peak, warmup, total))` is the one factory: pretraining passes its
+config's `optimizer` section and `lr_schedule(config)` (phases included), fine-tuning its own section
+and step counts.
+
+Schedules (`optimizer.schedule`), t the step (0-based, the step the rate is used for), w warmup, T total:
+  linear   BERT / ALBERT `optimization.py`: peak * t / w while t < w, then peak * (1 - t / T)
+           (polynomial decay over the *whole* run, power 1; warmup overrides its start).
+  electra  ELECTRA `model/optimization.py`: peak * (1 - t / T) * min(1, t / w) (warmup multiplies).
+  cosine   peak * t / w, then peak * (1 + cos(pi * (t - w) / (T - w))) / 2.
+  linear_after_warmup  fairseq's polynomial_decay (RoBERTa) and transformers' get_linear_schedule_with_warmup:
+           peak * t / w, then peak * (T - t) / (T - w) (the decay spans only the steps after warmup).
+  poly_sqrt  NVIDIA DeepLearningExamples BERT `schedulers.py` PolyWarmUpScheduler (degree 0.5; their LAMB
+           recipe): peak * t / w while t < w, then peak * (1 - t / T) ** 0.5 (decay over the whole run).
+
+AdamW is optax's (bias-corrected, as transformers' and torch's AdamW; the TF references skip the bias
+correction). LAMB is google-research/albert `lamb_optimizer.py`: Adam moments *without* bias correction,
+decoupled weight decay, and the trust ratio ||w|| / ||update|| -- except for the parameters excluded from
+weight decay (biases, LayerNorm), which ALBERT also excludes from layer adaptation. The trust ratio is
+taken per original tensor: per layer of a scanned `[layers, ...]` stack and per group of ALBERT's shared
+blocks, as the reference sees them.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from bertjax.core import config as config_lib
+from bertjax.core.config import check
+from bertjax.model.encoder import is_stacked
+
+_NO_DECAY = ("bias", "scale")  # LayerNorm scale/bias and every bias: BERT's ["LayerNorm", "layer_norm", "bias"]
+SCHEDULES = ("linear", "linear_after_warmup", "electra", "cosine", "poly_sqrt")
+
+
+def schedule(kind: str, peak: float, warmup: int, total: int) -> optax.Schedule:
+  """The learning rate at each step (see the module docstring for the formulas and their sources)."""
+  if kind == "cosine":
+    return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, total, 0.0)
+  if kind == "linear_after_warmup":
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, peak, warmup), optax.linear_schedule(peak, 0.0, total - warmup)], [warmup])
+  if kind == "poly_sqrt":
+    return lambda t: peak * jnp.where(t < warmup, t / max(warmup, 1), jnp.sqrt(jnp.maximum(0.0, 1 - t / total)))
+  if kind == "electra":
+    decay = optax.polynomial_schedule(peak, 0.0, 1.0, total)
+    return lambda t: decay(t) * (jnp.minimum(1.0, t / warmup) if warmup else 1.0)
+  # linear: after warmup the rate is already peak * (1 - w / T), on the line that reaches 0 at T.
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, peak, warmup), optax.linear_schedule(peak * (1 - warmup / total), 0.0, total - warmup)],
+      [warmup])
+
+
+def lr_schedule(config) -> optax.Schedule:
+  """The run's learning rate at each step: optimizer.schedule from 0 to learning_rate over the warmup, down to
+  0 at total_steps; a phase with its own learning_rate runs that schedule over its own steps instead."""
+  kind = config.optimizer.schedule
+  run = schedule(kind, config.learning_rate, config_lib.warmup_steps(config), config.total_steps)
+  plan = config_lib.phases(config)
+  if all(not p.learning_rate for p in plan):
+    return run
+  pieces = [schedule(kind, p.learning_rate, p.warmup_steps, p.steps)
+            if p.learning_rate else (lambda t, s=p.start: run(t + s)) for p in plan]
+  return optax.join_schedules(pieces, [p.start for p in plan[1:]])
+
+
+def validate(config):
+  """Checks config.optimizer (name and schedule); raises UserError with the fix on the first problem."""
+  o = config.optimizer
+  check(o.name in ("adamw", "lamb"), f"optimizer.name={o.name!r}; use adamw or lamb")
+  check(o.schedule in SCHEDULES, f"optimizer.schedule={o.schedule!r}; use one of {', '.join(SCHEDULES)}")
+
+
+def decay_mask(params):
+  """True for the parameters weight decay (and LAMB's layer adaptation) applies to: not biases, not
+  LayerNorm."""
+
+  def keep(path, _):
+    return getattr(path[-1], "key", None) not in _NO_DECAY
+
+  return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def stacked_mask(params):
+  """True for parameters that hold several original tensors along their leading axis (scanned layers,
+  ALBERT's shared groups)."""
+  return jax.tree_util.tree_map_with_path(lambda path, _: is_stacked(path), params)
+
+
+class _MomentsState(NamedTuple):
+  mu: optax.Updates
+  nu: optax.Updates
+
+
+def scale_by_adam_moments(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+  """m / (sqrt(v) + eps) from Adam's moments *without* bias correction, as ALBERT's LAMB (optax's
+  scale_by_adam always corrects, and at step 1 that changes the update's size against the weight decay)."""
+
+  def init(params):
+    zeros = lambda: jax.tree.map(jnp.zeros_like, params)
+    return _MomentsState(zeros(), zeros())
+
+  def update(updates, state, params=None):
+    del params
+    mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+    nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+    return jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu), _MomentsState(mu, nu)
+
+  return optax.GradientTransformation(init, update)
+
+
+def per_tensor_trust_ratio() -> optax.GradientTransformation:
+  """optax.scale_by_trust_ratio applied to each original tensor: a stacked leaf gets one ratio per
+  slice of its leading axis (vmapped), any other leaf one ratio."""
+  ratio = optax.scale_by_trust_ratio()
+
+  def one(u, p):
+    return ratio.update(u, optax.EmptyState(), p)[0]
+
+  def update(updates, state, params):
+    per = lambda u, p, stacked: jax.vmap(one)(u, p) if stacked else one(u, p)
+    return jax.tree.map(per, updates, params, stacked_mask(params)), state
+
+  return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
+
+
+def lamb(learning_rate, b1: float, b2: float, eps: float, weight_decay: float) -> optax.GradientTransformation:
+  """ALBERT's LAMB (google-research/albert lamb_optimizer.py) from optax's building blocks."""
+  return optax.chain(
+      scale_by_adam_moments(b1, b2, eps),
+      optax.add_decayed_weights(weight_decay, mask=decay_mask),
+      # exclude_from_layer_adaptation defaults to exclude_from_weight_decay in the reference.
+      optax.masked(per_tensor_trust_ratio(), decay_mask),
+      optax.scale_by_learning_rate(learning_rate),
+  )
+
+
+def make(o, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
+  """Global-norm clipping then AdamW or LAMB with the same decay mask, from an `optimizer` config section
+  (name, b1, b2, eps, weight_decay, clip_norm) and a learning rate or schedule."""
+  if o.name == "lamb":
+    opt = lamb(learning_rate, o.b1, o.b2, o.eps, o.weight_decay)
+  else:
+    opt = optax.adamw(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask)
+  return optax.chain(optax.clip_by_global_norm(o.clip_norm), opt) if o.clip_norm else opt

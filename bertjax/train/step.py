@@ -1,0 +1,177 @@
+"""The pure train and eval steps: masking on device, model, objectives, optax update (jitted by the loop).
+
+`train_step(state, batch, ...) -> (state, metrics)` is a module-level function with everything static
+bound by `functools.partial`; the loop jits it once with explicit shardings and donated state. All
+randomness comes from named streams of (seed, step) (`stream_key`), so a step is a pure function of
+(state, batch) and no two uses of randomness share a key.
+"""
+
+import dataclasses
+import zlib
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from flax import linen as nn
+
+from bertjax import objectives
+from bertjax.core.metrics import Mean, Sum
+from bertjax.objectives import masking
+
+# Every random use in a step has its own stream; a stream's key is folded from (seed, step, the stream's
+# name, microbatch index), so streams cannot collide by sharing a small integer (the masking key was once
+# microbatch 0's dropout base key). Eval streams are separate names with a fixed seed: eval masks depend only
+# on the eval batch index, the same for every run.
+STREAMS = ("masking", "dropout", "sample", "eval/masking", "eval/sample")
+EVAL_SEED = 0
+
+
+def stream_key(seed: int, step, stream: str, index=0):
+  """The key of the named random `stream` at (seed, step); `index` numbers microbatches."""
+  if stream not in STREAMS:
+    raise ValueError(f"unknown random stream {stream!r}; add it to STREAMS")
+  key = jax.random.fold_in(jax.random.key(seed), step)
+  return jax.random.fold_in(jax.random.fold_in(key, zlib.crc32(stream.encode())), index)
+
+
+def model_rngs(seed: int, step, microbatch=0) -> dict:
+  """The model's rng collections for one microbatch of a training step: dropout and ELECTRA sampling."""
+  return {"dropout": stream_key(seed, step, "dropout", microbatch), "sample": stream_key(seed, step, "sample", microbatch)}
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+  """What the step needs besides model and optimizer (hashable: it is bound statically)."""
+
+  seed: int
+  masking: masking.MaskingConfig  # scheme, rates and the tokenizer's special ids
+  objectives: tuple  # ((name, weight), ...)
+  grad_accum_steps: int = 1
+  # The steps whose metrics the loop logs (step number after the update): every `report_every`-th and those in
+  # `report_at` (phase ends). Only they compute param_norm and update_norm, two passes over the parameters.
+  report_every: int = 1
+  report_at: tuple = ()
+
+
+def reports(done, cfg: StepConfig):
+  """Whether the step that ends with `done` steps taken is logged."""
+  report = done % cfg.report_every == 0
+  for end in cfg.report_at:
+    report = report | (done == end)
+  return report
+
+
+def apply_masking(rng, batch, cfg: StepConfig):
+  """The batch with MLM masking applied on device (original ids kept for labels and RTD)."""
+  masked = masking.mask_batch(rng, batch["input_ids"], batch["word_start"], cfg.masking)
+  out = dict(batch, original_ids=batch["input_ids"], **masked)
+  for key in ("mlm_weights", "span_weights", "wso_weights"):  # padded eval rows weigh 0
+    if key in out:
+      out[key] = masked[key] * batch["example_weight"][:, None]
+  return out
+
+
+def training_batch(batch, step, cfg: StepConfig):
+  """The masked batch that `train_step` trains on at `step` (also what a reference implementation is fed)."""
+  return apply_masking(stream_key(cfg.seed, step, "masking"), batch, cfg)
+
+
+def eval_batch(batch, index, cfg: StepConfig):
+  """The masked batch that `eval_step` scores for eval batch `index` (the same in every run)."""
+  return apply_masking(stream_key(EVAL_SEED, index, "eval/masking"), batch, cfg)
+
+
+def _loss_fn(params, batch, rngs, model, cfg: StepConfig, *, deterministic: bool, denominators=None):
+  """Total loss and metrics of an already masked batch (`denominators`: see objectives.total_loss)."""
+  outputs = model.clone(deterministic=deterministic).apply({"params": params}, batch, rngs=rngs)
+  return objectives.total_loss(dict(cfg.objectives), outputs, batch, denominators)
+
+
+def _add(a, b):
+  return jax.tree.map(jnp.add, a, b)
+
+
+def _split(tree, k):
+  return jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), tree)
+
+
+def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.GradientTransformation, cfg: StepConfig):
+  """One optimizer step on a global batch, accumulating gradients over `grad_accum_steps` microbatches.
+
+  The whole batch is masked once and every microbatch's loss sums are divided by the whole batch's
+  target counts, so accumulation gives the large-batch gradient (exactly, up to summation order).
+  A non-finite loss or gradient norm skips the update (params and optimizer state unchanged) and
+  reports `skipped` = 1.
+  """
+  batch = training_batch(batch, state.step, cfg)
+  denominators = objectives.counts(dict(cfg.objectives), batch)
+  grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
+  k = cfg.grad_accum_steps
+
+  def micro(i, mb):
+    (_, metrics), grads = grad_fn(state.params, mb, model_rngs(cfg.seed, state.step, i), model, cfg,
+                                  deterministic=False, denominators=denominators)
+    return grads, metrics
+
+  if k == 1:
+    grads, metrics = micro(0, batch)
+  else:
+    # A scan over microbatches keeps one gradient buffer (optax.MultiSteps would keep another across steps).
+    mbs = _split(batch, k)
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: micro(0, jax.tree.map(lambda x: x[0], mbs))))
+
+    def body(acc, xs):
+      return _add(acc, micro(*xs)), None
+
+    (grads, metrics), _ = jax.lax.scan(body, zeros, (jnp.arange(k), mbs))
+    metrics["loss"] = Mean(metrics["loss"].total, 1.0)  # the microbatch losses add up to the batch loss
+  grad_norm = optax.tree.norm(grads)
+  finite = jnp.isfinite(metrics["loss"].total) & jnp.isfinite(grad_norm)
+  # param_norm and update_norm only on steps that log (a cond runs one branch): two passes over the
+  # parameters, ~3% of a BERT-base CPU step, for figures that would otherwise be averaged over unread steps.
+  report = reports(state.step + 1, cfg)
+  only_if_reported = lambda f: jax.lax.cond(report, f, lambda: jnp.float32(0.0))
+  # Skip a non-finite step: keep the old params and optimizer state (the step counter still advances,
+  # so the next step sees new data and masks rather than the same poisoned batch). A cond, not a select
+  # between old and new state: the select is one more pass over params and optimizer state (~5% of a
+  # BERT-base step on CPU).
+
+  def apply_update(_):
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    # The norm of the applied change, from new - old: the norm of `updates` itself would make XLA write
+    # `updates` out once more per parameter (3% of a BERT-base CPU step).
+    update_norm = only_if_reported(lambda: optax.tree.norm(jax.tree.map(jnp.subtract, params, state.params)))
+    return params, opt_state, update_norm
+
+  def skip_update(_):
+    return state.params, state.opt_state, jnp.float32(0.0)  # no update: its norm is 0
+
+  params, opt_state, update_norm = jax.lax.cond(finite, apply_update, skip_update, None)
+  param_norm = only_if_reported(lambda: optax.tree.norm(params))
+  counted = report.astype(jnp.float32)
+  metrics.update(
+      grad_norm=Mean(grad_norm, 1.0),
+      param_norm=Mean(param_norm, counted),  # the value at the logged step, not a mean over the window
+      update_norm=Mean(update_norm, counted),
+      skipped=Sum(1.0 - finite.astype(jnp.float32)),
+  )
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def eval_step(params, batch, index, *, model: nn.Module, cfg: StepConfig):
+  """Metric sums on one eval batch; its masks depend only on the batch index, so every eval of a run
+  (and of runs with other seeds) scores the same masked positions."""
+  batch = eval_batch(batch, index, cfg)
+  _, metrics = _loss_fn(params, batch, {"sample": stream_key(EVAL_SEED, index, "eval/sample")}, model, cfg,
+                        deterministic=True)
+  return metrics
