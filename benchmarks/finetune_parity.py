@@ -88,15 +88,18 @@ def torch_encode(tok, rows, columns, labels, seq_len):
 
 
 def bertjax_draws(config, seed: int, setup: dict, n: int) -> dict:
-  """What bertjax's seed `seed` draws besides dropout: its fresh classifier and each epoch's row order."""
+  """What bertjax's seed `seed` draws besides dropout: its fresh classifier and each epoch's batches (the
+  rows of every step, grouped by length as bertjax groups them)."""
   import numpy as np
 
-  from bertjax.data import pipeline
-  from bertjax.finetune import train
+  from bertjax.finetune import batches, train
 
   head = train.seed_start(config, seed, setup)[1]["classifier"]
+  per_epoch = -(-n // config.batch_size)  # epoch_mode transformers: epoch-aligned batches
+  rows = [batches.batch_rows(n, s, config, seed, setup["train_layout"].lengths)
+          for s in range(per_epoch * int(config.epochs))]
   return dict(kernel=np.array(head["kernel"]), bias=np.array(head["bias"]),
-              orders=[pipeline.permuted(seed, e, np.arange(n), n) for e in range(int(config.epochs))])
+              epochs=[[r[r >= 0] for r in rows[e * per_epoch:(e + 1) * per_epoch]] for e in range(int(config.epochs))])
 
 
 def run_torch(config, data_dir: str, columns, labels, seed: int, draws: dict | None) -> float:
@@ -123,8 +126,7 @@ def run_torch(config, data_dir: str, columns, labels, seed: int, draws: dict | N
     with torch.no_grad():
       model.classifier.weight.copy_(torch.from_numpy(draws["kernel"].T))
       model.classifier.bias.copy_(torch.from_numpy(draws["bias"]))
-    epochs = [[[t[torch.from_numpy(order[i:i + bs])] for t in train] for i in range(0, n, bs)]
-              for order in draws["orders"]]
+    epochs = [[[t[torch.from_numpy(rows)] for t in train] for rows in epoch] for epoch in draws["epochs"]]
   total = sum(len(e) for e in epochs)
   warmup = math.ceil(config.warmup_fraction * total)
   named = list(model.named_parameters())

@@ -60,6 +60,12 @@ def get_config(arg: str = "sst2"):
   # batches from a stream of reshuffled epochs, warmup int(fraction * total). transformers (Trainer):
   # ceil(N / batch) batches an epoch, the last one partial (padded rows weigh 0), warmup ceil(fraction * total).
   c.epoch_mode = "bert"
+  # Length buckets (bertjax.finetune.batches): each batch is cut to the smallest bucket holding its longest
+  # row; auto = 32, 64, ... up to seq_len (one compiled step per bucket); none = every batch padded to seq_len.
+  c.bucket_lengths = "auto"
+  # Rows are sorted by length within windows of this many shuffled batches, whose batches then run in a
+  # seeded random order (transformers' group_by_length uses 50); 0 or 1: no grouping.
+  c.length_window = 50
   c.learning_rate = 2e-5  # peak
   c.log_every = 50
   c.eval_every = 0  # 0: evaluate only at the end
@@ -74,6 +80,8 @@ def get_config(arg: str = "sst2"):
       tfds_text_a=tf_a, tfds_text_b=tf_b,  # tfds feature names
       header=task != "cola",  # whether the TSVs start with a header row
       eval_file=dev,  # tsv: the file to evaluate on
+      extra_eval="mismatched" if task == "mnli" else "",  # further eval splits NAME: tsv dev_NAME.tsv, tfds
+      # validation_NAME; their metrics are reported as METRIC_NAME (MNLI: accuracy_mismatched)
       eval_split="validation_matched" if task == "mnli" else "validation",  # tfds
       labels=",".join(labels) if labels else "",  # label names in id order; empty: regression
       tfds_labels=",".join(TFDS_LABELS.get(task, labels or ())),

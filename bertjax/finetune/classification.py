@@ -5,6 +5,7 @@ Its parts: `data` reads and encodes the TSV / tfds splits, `model` holds the Cla
 GLUE's metrics. This module only wires them to the trainer's calls.
 """
 
+import numpy as np
 import optax
 
 from bertjax.core.errors import UserError
@@ -44,17 +45,24 @@ def pretrained_pooler(loaded):
 
 def prepare(config, loaded) -> TaskData:
   """Reads both splits (subsampled as task.max_*_examples say) and encodes them to seq_len with the
-  checkpoint's tokenizer: input_ids, type_ids, groups, label."""
+  checkpoint's tokenizer: input_ids, type_ids, groups, label. Further evaluation splits (task.extra_eval,
+  MNLI's mismatched dev set) are appended to the eval arrays, told apart by an `eval_split` field."""
   task = config.task
   train_ex = task_data.subsample(task_data.read_split(task, True), task.max_train_examples, config.seed)
-  eval_ex = task_data.subsample(task_data.read_split(task, False), task.max_eval_examples, config.seed)
+  evals = [task_data.subsample(task_data.read_split(task, False, name), task.max_eval_examples, config.seed)
+           for name in [""] + task_data.extra_eval_names(task)]
   head = head_kind(config, loaded)
   pooler = pretrained_pooler(loaded)
+  encoded = [task_data.encode(ex, loaded.tokenizer, config.seq_len) for ex in evals]
+  eval_arrays = {k: np.concatenate([e[k] for e in encoded]) for k in encoded[0]}
+  if len(encoded) > 1:
+    eval_arrays["eval_split"] = np.concatenate([np.full(len(e["label"]), i, np.int32) for i, e in enumerate(encoded)])
+  extra_counts = {f"eval_examples_{name}": len(ex.a) for name, ex in zip(task_data.extra_eval_names(task), evals[1:])}
   return TaskData(
       train=task_data.encode(train_ex, loaded.tokenizer, config.seq_len),
-      eval=task_data.encode(eval_ex, loaded.tokenizer, config.seq_len),
-      info=dict(train_examples=len(train_ex.a), eval_examples=len(eval_ex.a),
-                skipped_rows=train_ex.skipped + eval_ex.skipped, head=head,
+      eval=eval_arrays,
+      info=dict(train_examples=len(train_ex.a), eval_examples=len(evals[0].a), **extra_counts,
+                skipped_rows=train_ex.skipped + sum(ex.skipped for ex in evals), head=head,
                 pooler="pretrained" if pooler is not None and head == "pooler" else "fresh"),
       model=dict(num_outputs=len(task_data.label_names(task)) or 1, head=head))
 
@@ -78,12 +86,22 @@ def loss(outputs, batch):
 
 
 def evaluate(outputs, data: TaskData, config, seed_dir: str) -> dict:
-  """task.metrics over the eval split's outputs [N, C] (writes no files)."""
+  """task.metrics over the eval split's outputs [N, C], and over each task.extra_eval split as
+  METRIC_NAME (e.g. accuracy_mismatched); writes no files."""
   del seed_dir
-  return task_metrics.compute(config.task.metrics.split(","), outputs, data.eval["label"])
+  names = config.task.metrics.split(",")
+  split = data.eval.get("eval_split")
+  if split is None:
+    return task_metrics.compute(names, outputs, data.eval["label"])
+  result = {}
+  for i, extra in enumerate([""] + task_data.extra_eval_names(config.task)):
+    rows = split == i
+    values = task_metrics.compute(names, outputs[rows], data.eval["label"][rows])
+    result.update({f"{k}_{extra}" if extra else k: v for k, v in values.items()})
+  return result
 
 
 def save_model(directory: str, run_config, model, params) -> None:
-  """A seed's fine-tuned classifier, as bertjax.heads and model.load_model read it."""
+  """A seed's fine-tuned classifier, as bertjax.compress.prune and model.load_model read it."""
   task_model.save_model(directory, run_config, model, params)
 

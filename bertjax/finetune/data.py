@@ -81,13 +81,20 @@ def read_tfds(name: str, split: str, task) -> Examples:
   return Examples(a, b if task.tfds_text_b else None, np.asarray(labels, np.int32 if names else np.float32), skipped)
 
 
-def read_split(task, train: bool) -> Examples:
-  """The training or evaluation examples of the configured source."""
+def extra_eval_names(task) -> list:
+  """Names of the further evaluation splits (task.extra_eval, e.g. MNLI's "mismatched")."""
+  return [x for x in task.get("extra_eval", "").split(",") if x]
+
+
+def read_split(task, train: bool, extra: str = "") -> Examples:
+  """The training or evaluation examples of the configured source; `extra` names a further evaluation
+  split (task.extra_eval): dev_EXTRA.tsv, or the tfds split validation_EXTRA (GLUE's MNLI names)."""
   kind, _, arg = task.source.partition(":")
   if kind == "tsv" and arg:
-    return read_tsv(os.path.join(arg, "train.tsv" if train else task.eval_file), task)
+    name = "train.tsv" if train else f"dev_{extra}.tsv" if extra else task.eval_file
+    return read_tsv(os.path.join(arg, name), task)
   if kind == "tfds" and arg:
-    return read_tfds(arg, "train" if train else task.eval_split, task)
+    return read_tfds(arg, "train" if train else f"validation_{extra}" if extra else task.eval_split, task)
   raise UserError(f"unknown task source {task.source!r}; use --config.task.source=tsv:DIR or tfds:glue/NAME")
 
 

@@ -20,10 +20,9 @@ import optax
 
 from bertjax.compress import quantize
 from bertjax.core import config as config_lib
-from bertjax.data import pipeline
-from bertjax.finetune import classification, metrics as task_metrics, tasks
-from bertjax.finetune.model import MODEL_DIR, layer_multipliers, scale_by_tree
 from bertjax.core.errors import UserError
+from bertjax.finetune import batches, classification, metrics as task_metrics, tasks
+from bertjax.finetune.model import MODEL_DIR, layer_multipliers, scale_by_tree
 from bertjax.hf import inference
 from bertjax.model import config as model_config
 from bertjax.train import optim
@@ -50,6 +49,8 @@ def validate(config):
   _check(config.epoch_mode in EPOCH_MODES, f"epoch_mode={config.epoch_mode!r}; use one of {', '.join(EPOCH_MODES)}")
   _check(config.optimizer.schedule in optim.SCHEDULES,
          f"optimizer.schedule={config.optimizer.schedule!r}; use one of {', '.join(optim.SCHEDULES)}")
+  _check(config.get("length_window", 0) >= 0, f"length_window={config.get('length_window')} must be >= 0")
+  batches.bucket_lengths(config)
   tasks.get(config).validate(config)
 
 
@@ -86,22 +87,14 @@ def step_counts(config, num_examples: int) -> tuple[int, int]:
   return total, warmup if config.warmup_steps < 0 else config.warmup_steps
 
 
-def train_batch(arrays, step: int, config, seed: int) -> dict:
-  """Training batch `step`, a pure function of (seed, step). bert mode: full batches from a stream of
-  reshuffled epochs (pipeline.batch_at). transformers mode: epoch-aligned batches, each epoch a fresh
-  permutation, the last batch of an epoch padded with weight-0 rows."""
-  if config.epoch_mode != "transformers":
-    return pipeline.batch_at(pipeline.ArrayRows(arrays), step, config.batch_size, seed)
-  n, bs = len(arrays["input_ids"]), config.batch_size
-  per_epoch = -(-n // bs)
-  epoch, k = divmod(step, per_epoch)
-  positions = np.arange(k * bs, min((k + 1) * bs, n))
-  idx = pipeline.permuted(seed, epoch, positions, n)
-  valid = np.arange(bs) < len(idx)
-  rows = np.pad(idx, (0, bs - len(idx)))  # padding rows repeat row 0, weighted 0
-  batch = {key: v[rows] for key, v in arrays.items()}
-  batch["example_weight"] = valid.astype(np.float32)
-  return batch
+def train_batch(arrays, step: int, config, seed: int, layout: batches.Layout | None = None) -> dict:
+  """Training batch `step`, a pure function of (seed, step) (bertjax.finetune.batches): epoch_mode bert,
+  full batches from a stream of reshuffled epochs; transformers, epoch-aligned batches whose last one is
+  padded with weight-0 rows. With a `layout`, rows are grouped by length (length_window) and the batch is
+  cut to its length bucket; without one, it is as wide as the arrays."""
+  lengths = None if layout is None else layout.lengths
+  rows = batches.batch_rows(len(arrays["input_ids"]), step, config, seed, lengths)
+  return batches.take(arrays, rows, layout or batches.fixed_layout(arrays))
 
 
 def lr_schedule(config, total: int, warmup: int):
@@ -151,24 +144,38 @@ def _predict_fn(model):
   return jax.jit(lambda p, b: model.apply({"params": p}, b["input_ids"], b["type_ids"], b["groups"]))
 
 
-def predict(params, arrays, model, batch_size: int) -> np.ndarray:
-  """Model outputs [N, ...] over a whole split (padded final batch dropped again)."""
+def predict(params, arrays, model, batch_size: int, layout: batches.Layout | None = None,
+            position_axis: int | None = None) -> np.ndarray:
+  """Model outputs [N, ...] over a whole split, in its row order. With a `layout`, batches of rows sorted
+  by length, each cut to its bucket; outputs with a sequence axis (`position_axis`) are padded back to the
+  split's width with 0."""
   apply = _predict_fn(model)
-  outs = []
-  for b in pipeline.eval_batches(pipeline.ArrayRows(arrays), batch_size):
-    out = np.asarray(apply(params, {k: b[k] for k in ("input_ids", "type_ids", "groups")}))
-    outs.append(out[b["example_weight"] > 0])
-  return np.concatenate(outs)
+  layout = layout or batches.fixed_layout(arrays)
+  width = np.shape(arrays["input_ids"])[-1]
+  order, outs = [], []
+  for rows, b in batches.eval_batches(arrays, batch_size, layout):
+    out = np.asarray(apply(params, {k: b[k] for k in ("input_ids", "type_ids", "groups")}))[:len(rows)]
+    if position_axis is not None and out.shape[position_axis] < width:
+      pad = [(0, 0)] * out.ndim
+      pad[position_axis] = (0, width - out.shape[position_axis])
+      out = np.pad(out, pad)
+    order.append(rows)
+    outs.append(out)
+  outs = np.concatenate(outs)
+  result = np.empty_like(outs)
+  result[np.concatenate(order)] = outs
+  return result
 
 
-def evaluator(config, eval_model, arrays):
-  """params -> model outputs over `arrays`: the float model, or with model.quantize=int8 the int8 model
-  (int8 weights and matmuls in the encoder) made from the params."""
+def evaluator(config, eval_model, arrays, layout: batches.Layout | None = None, position_axis: int | None = None):
+  """params -> model outputs over `arrays` (`predict`): the float model, or with model.quantize=int8 the
+  int8 model (int8 weights and matmuls in the encoder) made from the params."""
+  run = lambda model, params: predict(params, arrays, model, config.eval_batch_size, layout, position_axis)
   if not config.model.quantize:
-    return lambda params: predict(params, arrays, eval_model, config.eval_batch_size)
+    return lambda params: run(eval_model, params)
   q = quantize.int8(eval_model)
   ids = np.zeros((1, 8), np.int32)
-  return lambda params: predict(quantize.int8_params(q, params, ids, ids, ids + 1), arrays, q, config.eval_batch_size)
+  return lambda params: run(q, quantize.int8_params(q, params, ids, ids, ids + 1))
 
 
 def seed_start(config, seed: int, setup: dict) -> tuple:
@@ -184,7 +191,8 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   task, total, warmup = setup["task"], setup["total"], setup["warmup"]
   train_model, params = seed_start(config, seed, setup)
   eval_model = train_model.clone(deterministic=True)
-  outputs_of = evaluator(config, eval_model, setup["eval"])
+  outputs_of = evaluator(config, eval_model, setup["eval"], setup["eval_layout"],
+                         getattr(task, "OUTPUT_POSITION_AXIS", None))
   if config.model.quantize:  # QAT: int8 fake quantization of the encoder's matmuls, straight-through gradients
     train_model = quantize.qat(train_model)
   tx = make_tx(config, params, setup["cfg"], total, warmup)
@@ -194,25 +202,37 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   seed_dir = os.path.join(workdir, f"seed_{seed}")
   os.makedirs(seed_dir, exist_ok=True)
   writer = MetricWriter(seed_dir)
-  train = setup["train"]
+  train, layout = setup["train"], setup["train_layout"]
   losses, t0, t_log = [], time.time(), time.time()
+  positions = real = 0  # computed token positions and real tokens since the last log line
+  positions_all = real_all = seconds_eval = 0
   result = {}
   for step in range(total):
-    batch = train_batch(train, step, config, seed)
+    batch = train_batch(train, step, config, seed, layout)
     params, opt_state, loss = step_fn(params, opt_state, batch, jnp.uint32(seed), jnp.int32(step))
     losses.append(loss)
+    computed, real_now = batch["input_ids"].size, int(np.count_nonzero(batch["groups"]))
+    positions, real, positions_all, real_all = positions + computed, real + real_now, positions_all + computed, \
+        real_all + real_now
     done = step + 1
     if done % config.log_every == 0 or done == total:
       values = {"train/loss": float(np.mean(jax.device_get(losses))), "lr": float(lr_schedule(
-          config, total, warmup)(step)), "tokens_per_sec": len(losses) * config.batch_size *
-          config.seq_len / (time.time() - t_log)}
+          config, total, warmup)(step)), "tokens_per_sec": positions / (time.time() - t_log),
+          "real_token_share": real / positions}
       writer.write(done, values)
       writer.progress(done, total, values, time.time() - t0, done)
-      losses, t_log = [], time.time()
+      losses, t_log, positions, real = [], time.time(), 0, 0
     if (config.eval_every and done % config.eval_every == 0) or done == total:
+      jax.block_until_ready(params)  # the steps still in flight are training time
+      t_eval = time.time()
       result = task.evaluate(outputs_of(params), setup["data"], config, seed_dir)
       writer.write(done, {f"eval/{k}": v for k, v in result.items()})
+      seconds_eval += time.time() - t_eval
   writer.close()
+  # The seed's cost (compiles included, so the first seed of a run pays them): training steps, evaluations,
+  # and the share of the token positions computed that were real tokens (what length buckets raise).
+  setup.setdefault("timing", []).append(dict(train_seconds=time.time() - t0 - seconds_eval,
+                                             eval_seconds=seconds_eval, real_token_share=real_all / positions_all))
   if config.save_model and hasattr(task, "save_model"):
     task.save_model(os.path.join(seed_dir, MODEL_DIR), setup["run_config"], eval_model, params)
   return result
@@ -232,6 +252,8 @@ def prepare(config) -> dict:
   return dict(
       task=task, data=data, loaded=loaded, cfg=cfg, total=total, warmup=min(warmup, total),
       run_config=loaded.config, train=data.train, eval=data.eval,
+      train_layout=batches.layout(config, data.train, data.token_fields),
+      eval_layout=batches.layout(config, data.eval, data.token_fields),
       info=dict(data.info, kind=tasks.kind_of(config), tokenizer=loaded.tokenizer.spec(),
                 model=dict(layers=cfg.num_layers, hidden=cfg.hidden_size, heads=cfg.num_heads)),
   )
@@ -259,7 +281,7 @@ def finetune(config, workdir: str) -> dict:
     print(f"{config.task.name} {name}: median {s['median']:.4f}, mean {s['mean']:.4f} +- {s['std']:.4f} "
           f"over {len(per_seed)} seeds", flush=True)
   results = dict(task=config.task.name, seeds=[config.seed + s for s in range(config.seeds)], per_seed=per_seed,
-                 summary=summary, steps=setup["total"], **info)
+                 summary=summary, steps=setup["total"], timing=setup["timing"], **info)
   with open(os.path.join(workdir, "results.json"), "w") as f:
     json.dump(results, f, indent=2)
   return results

@@ -1,0 +1,136 @@
+"""Fine-tuning batches: which rows make training batch `step` (a pure function of (seed, step)), grouping
+rows of similar length, and cutting a batch to the smallest length bucket that holds its longest row.
+
+Every example is encoded to seq_len, but SST-2's sentences average 13 tokens of 128: computing the padding
+is most of the work. Cutting each batch to one of a few bucket lengths (`bucket_lengths`, default multiples
+of 32) removes most of it while compiling the step at most once per bucket (on TPUs every shape is a
+compile, so free-form dynamic shapes are not the answer). Grouping rows by length within a window of
+`length_window` shuffled batches (transformers' group_by_length: 50 batches a window) makes batches
+short where their rows are; the window's batches are then dealt in a seeded random order, so batches stay
+random and each epoch still sees every row once.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from bertjax.data import pipeline
+from bertjax.core.errors import UserError
+
+BUCKET_STEP = 32  # default buckets: 32, 64, ... up to seq_len (the issue's choice: few shapes, little waste)
+
+
+def bucket_lengths(config) -> tuple:
+  """The sorted bucket lengths of `config.bucket_lengths`: "auto" (multiples of 32 below seq_len, and
+  seq_len), "none" or "" (every batch padded to seq_len, one shape), or a list "32,64,128". seq_len is
+  always the last bucket, so every row fits."""
+  spec, seq_len = str(config.get("bucket_lengths", "auto")).strip().lower(), config.seq_len
+  if spec in ("", "none", "off"):
+    return (seq_len,)
+  if spec == "auto":
+    return tuple(range(BUCKET_STEP, seq_len, BUCKET_STEP)) + (seq_len,)
+  try:
+    values = sorted({int(x) for x in spec.replace(" ", "").split(",") if x})
+  except ValueError:
+    raise UserError(f"bucket_lengths={config.bucket_lengths!r}; use auto, none or lengths like 32,64,128") from None
+  if not values or values[0] < 1 or values[-1] > seq_len:
+    raise UserError(f"bucket_lengths={config.bucket_lengths!r} must be lengths in [1, seq_len={seq_len}]")
+  return tuple(v for v in values if v < seq_len) + (seq_len,)
+
+
+def row_lengths(arrays: dict) -> np.ndarray:
+  """Each row's length [N]: one past its last real position (groups > 0) along the last axis, the
+  longest over any inner axes (e.g. a multiple-choice row's choices)."""
+  real = np.asarray(arrays["groups"]) > 0
+  ends = np.where(real, np.arange(1, real.shape[-1] + 1), 0)
+  return ends.reshape(len(ends), -1).max(1) if ends.ndim > 1 else ends
+
+
+def _stream(n: int, first: int, count: int, config, seed: int) -> np.ndarray:
+  """The rows of `count` consecutive training batches from step `first`, concatenated. bert mode: full
+  batches from a stream of reshuffled epochs (as pipeline.batch_at). transformers mode: epoch-aligned
+  batches, each epoch a fresh permutation, its last batch short (the steps must lie in one epoch)."""
+  bs = config.batch_size
+  if config.epoch_mode != "transformers":
+    g = first * bs + np.arange(count * bs)
+    epochs, pos = g // n, g % n
+    idx = np.empty(len(g), np.int64)
+    for e in np.unique(epochs):
+      idx[epochs == e] = pipeline.permuted(seed, int(e), pos[epochs == e], n)
+    return idx
+  epoch, k = divmod(first, -(-n // bs))
+  return pipeline.permuted(seed, epoch, np.arange(k * bs, min((k + count) * bs, n)), n)
+
+
+def _pad(rows: np.ndarray, size: int) -> np.ndarray:
+  return np.pad(rows, (0, size - len(rows)), constant_values=-1)
+
+
+def _window(n: int, step: int, config) -> tuple[int, int]:
+  """(first step, number of steps) of the window of batches whose rows are grouped with `step`'s:
+  `length_window` consecutive batches (cut at an epoch's end in transformers mode, whose batches are
+  epoch-aligned)."""
+  w = config.length_window
+  if config.epoch_mode != "transformers":
+    return step // w * w, w
+  per_epoch = -(-n // config.batch_size)
+  epoch, k = divmod(step, per_epoch)
+  first = epoch * per_epoch + k // w * w
+  return first, min(first + w, (epoch + 1) * per_epoch) - first
+
+
+def batch_rows(n: int, step: int, config, seed: int, lengths: np.ndarray | None = None) -> np.ndarray:
+  """The rows of training batch `step` (-1: a padding row), a pure function of (seed, step). With
+  `lengths` and length_window > 1, the window's rows are sorted by length (longest first, ties in shuffled
+  order) and cut into batches, and those batches are dealt to the window's steps in an order drawn from
+  (seed, the window's first step)."""
+  bs = config.batch_size
+  if lengths is None or config.get("length_window", 0) <= 1:
+    return _pad(_stream(n, step, 1, config, seed), bs)
+  first, count = _window(n, step, config)
+  rows = _stream(n, first, count, config, seed)
+  rows = rows[np.argsort(-lengths[rows], kind="stable")]
+  k = np.random.default_rng([seed, first, 0x6C656E]).permutation(count)[step - first]
+  return _pad(rows[k * bs:(k + 1) * bs], bs)
+
+
+def take(arrays: dict, rows: np.ndarray, layout: "Layout") -> dict:
+  """The batch of `rows` (-1: a padding row, weight 0, a copy of row 0), its token fields cut to the
+  smallest bucket that holds its longest real row; example_weight added."""
+  valid = rows >= 0
+  idx = np.where(valid, rows, 0)
+  longest = int(layout.lengths[idx[valid]].max()) if valid.any() else 1
+  width = next(b for b in layout.buckets if b >= longest)
+  batch = {k: (v[idx][..., :width] if k in layout.token_fields else v[idx]) for k, v in arrays.items()}
+  batch["example_weight"] = valid.astype(np.float32)
+  return batch
+
+
+def eval_batches(arrays: dict, batch_size: int, layout: "Layout"):
+  """(rows, batch) over a whole split sorted by length (each batch cut to its bucket, the last one padded
+  with weight-0 rows); `rows` are the split's row numbers of the batch's real rows, to restore the order."""
+  order = np.argsort(layout.lengths, kind="stable")
+  for start in range(0, len(order), batch_size):
+    rows = order[start:start + batch_size]
+    yield rows, take(arrays, _pad(rows, batch_size), layout)
+
+
+@dataclasses.dataclass
+class Layout:
+  """How a split's rows are cut: the bucket lengths, each row's length, and the fields to cut (padded along
+  their last axis)."""
+
+  buckets: tuple
+  lengths: np.ndarray
+  token_fields: tuple
+
+
+def layout(config, arrays: dict, token_fields) -> Layout:
+  """The Layout of a split encoded to config.seq_len under config.bucket_lengths."""
+  return Layout(bucket_lengths(config), row_lengths(arrays), tuple(token_fields))
+
+
+def fixed_layout(arrays: dict) -> Layout:
+  """No cutting, no grouping, the split in its own order: every batch as wide as the arrays."""
+  n, width = len(arrays["input_ids"]), np.shape(arrays["input_ids"])[-1]
+  return Layout((width,), np.zeros(n, np.int64), ())

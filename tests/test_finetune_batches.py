@@ -1,0 +1,116 @@
+"""Length-bucketed fine-tuning batches (bertjax.finetune.batches): the same loss and gradients at a bucket's
+length as at seq_len, at most one compile per bucket, batches a pure function of (seed, step)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from bertjax.core.errors import UserError
+from bertjax.finetune import batches, classification, model as ft_model, tasks, train
+from bertjax.model import config as model_config
+from conftest import load_config, micro
+
+SEQ = 32
+
+
+def _config(**overrides):
+  c = load_config("configs/finetune.py:tiny")
+  c.seq_len, c.batch_size, c.bucket_lengths, c.length_window = SEQ, 8, "8,16,24", 4
+  c.update(overrides)
+  return c
+
+
+def _arrays(n=40, seed=0, short=False):
+  """Rows of lengths 3..SEQ (or 3..12 with `short`), padded to SEQ as task data are."""
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(3, 13 if short else SEQ + 1, n)
+  groups = (np.arange(SEQ)[None] < lengths[:, None]).astype(np.int32)
+  return dict(input_ids=rng.integers(5, 50, (n, SEQ)).astype(np.int32) * groups,
+              type_ids=(np.arange(SEQ)[None] >= lengths[:, None] // 2).astype(np.int32) * groups,
+              groups=groups, label=rng.integers(0, 2, n).astype(np.int32))
+
+
+@functools.lru_cache(maxsize=1)
+def _classifier():
+  cfg = model_config.encoder_config(micro("configs/bert.py:tiny", **{"model.vocab_size": 50}).model)
+  model = ft_model.Classifier(cfg, 2, deterministic=True)
+  ids = jnp.zeros((1, 8), jnp.int32)
+  return model, ft_model.sh.strip_boxes(model.init(jax.random.key(0), ids, ids, jnp.ones_like(ids))["params"])
+
+
+def test_bucket_lengths_default_to_multiples_of_32_and_end_at_seq_len():
+  c = ml_collections.ConfigDict(dict(seq_len=128, bucket_lengths="auto"))
+  assert batches.bucket_lengths(c) == (32, 64, 96, 128)
+  c.seq_len = 100
+  assert batches.bucket_lengths(c) == (32, 64, 96, 100)
+  c.bucket_lengths = "none"
+  assert batches.bucket_lengths(c) == (100,)
+  c.bucket_lengths = "64,16"
+  assert batches.bucket_lengths(c) == (16, 64, 100)
+  for bad in ("16,200", "short"):
+    c.bucket_lengths = bad
+    with pytest.raises(UserError, match="bucket_lengths"):
+      batches.bucket_lengths(c)
+
+
+def test_a_batch_has_the_same_loss_and_gradients_at_its_bucket_and_at_seq_len():
+  model, params = _classifier()
+  arrays = _arrays(short=True)
+  config = _config()
+  layout = batches.layout(config, arrays, tasks.TOKEN_FIELDS)
+  rows = np.arange(8)
+  cut, full = batches.take(arrays, rows, layout), batches.take(arrays, rows, batches.fixed_layout(arrays))
+  assert cut["input_ids"].shape == (8, 16) and full["input_ids"].shape == (8, SEQ)  # rows of <= 12 tokens: bucket 16
+  grad = jax.jit(jax.value_and_grad(functools.partial(train.batch_loss, rng=None, model=model,
+                                                      task_loss=classification.loss)))
+  (loss_cut, g_cut), (loss_full, g_full) = [grad(params, b) for b in (cut, full)]
+  np.testing.assert_allclose(loss_cut, loss_full, rtol=0, atol=1e-6)
+  assert float(loss_cut) > 0.1  # a real loss, not an empty batch
+  for a, b in zip(jax.tree.leaves(g_cut), jax.tree.leaves(g_full)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+def test_training_and_evaluation_compile_at_most_once_per_bucket():
+  model, params = _classifier()
+  config = _config(epoch_mode="transformers", bucket_lengths="16")  # buckets 16 and 32: two shapes
+  arrays = _arrays()
+  layout = batches.layout(config, arrays, tasks.TOKEN_FIELDS)
+  tx = train.make_tx(config, params, model.cfg, 10, 1)
+  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx))
+  state, widths = tx.init(params), set()
+  p = params
+  for s in range(10):  # two epochs of 5 batches
+    batch = train.train_batch(arrays, s, config, 0, layout)
+    widths.add(batch["input_ids"].shape[1])
+    p, state, _ = step(p, state, batch, jnp.uint32(0), jnp.int32(s))
+  assert widths == {16, SEQ}
+  assert step._cache_size() == len(layout.buckets) == 2
+  # Evaluation: rows sorted by length, each batch cut to its bucket, outputs back in the split's order.
+  train._predict_fn.cache_clear()
+  out = train.predict(params, arrays, model, 16, layout)
+  assert train._predict_fn(model)._cache_size() <= len(layout.buckets)
+  np.testing.assert_allclose(out, train.predict(params, arrays, model, 16), atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["bert", "transformers"])
+def test_grouped_batches_are_pure_cover_each_epoch_and_hold_similar_lengths(mode):
+  config = _config(epoch_mode=mode, length_window=5)
+  arrays = _arrays(n=40)
+  lengths = batches.row_lengths(arrays)
+  np.testing.assert_array_equal(lengths, arrays["groups"].sum(1))
+  rows = [batches.batch_rows(40, s, config, 3, lengths) for s in range(10)]
+  assert all(np.array_equal(r, batches.batch_rows(40, s, config, 3, lengths)) for s, r in enumerate(rows))
+  for epoch in (rows[:5], rows[5:]):  # 5 batches of 8 = one epoch of 40 rows, one window
+    assert sorted(np.concatenate(epoch).tolist()) == list(range(40))
+  assert not np.array_equal(np.concatenate(rows[:5]), np.concatenate(rows[5:]))  # reshuffled
+  spread = np.mean([np.ptp(lengths[r]) for r in rows])
+  plain = np.mean([np.ptp(lengths[batches.batch_rows(40, s, config, 3)]) for s in range(10)])
+  assert spread < plain / 2  # grouped by length
+  firsts = [int(lengths[r].max()) for r in rows[:5]]
+  assert firsts != sorted(firsts, reverse=True)  # the window's batches run in a shuffled order, not longest first
+  other = [batches.batch_rows(40, s, config, 4, lengths) for s in range(5)]
+  assert not all(np.array_equal(a, b) for a, b in zip(rows, other))  # another seed, other batches
