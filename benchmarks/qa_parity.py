@@ -110,16 +110,16 @@ def run_bertjax(config, setup: dict, workdir: str) -> tuple[dict, float, float]:
   return result, total - timings["post"], timings["post"]
 
 
-def torch_postprocess(questions, windows, start, end, n_best: int, max_len: int, v2: bool) -> tuple[dict, float]:
+def torch_postprocess(questions, windows, start, end, n_best: int, max_len: int, v2: bool) -> tuple[dict, dict, float]:
   """run_qa.py-style post-processing: Python loops over each question's features and top-n start x end
-  indexes (no max-context rule), min null score over features; (predictions, seconds)."""
+  indexes (no max-context rule), min null score over features; (predictions, null odds, seconds)."""
   import numpy as np
 
   t0 = time.time()
   by_q = {}
   for i, k in enumerate(windows.question):
     by_q.setdefault(int(k), []).append(i)
-  preds = {}
+  preds, odds = {}, {}
   for k, q in enumerate(questions):
     best, min_null = None, None
     for i in by_q[k]:
@@ -134,13 +134,14 @@ def torch_postprocess(questions, windows, start, end, n_best: int, max_len: int,
           score = s_log[s] + e_log[e]
           if best is None or score > best[0]:
             best = (score, q.context[off[s][0]:off[e][1]])
+    odds[q.qid] = float(min_null - best[0]) if best is not None else 1e9  # real null odds, not zeros
     if best is None:
       preds[q.qid] = ""
     elif v2 and min_null > best[0]:  # null_score_diff_threshold 0.0
       preds[q.qid] = ""
     else:
       preds[q.qid] = best[1]
-  return preds, time.time() - t0
+  return preds, odds, time.time() - t0
 
 
 def run_torch(args, config, setup, seed: int) -> tuple[dict, float, float]:
@@ -185,9 +186,9 @@ def run_torch(args, config, setup, seed: int) -> tuple[dict, float, float]:
       starts.append(out.start_logits.numpy())
       ends.append(out.end_logits.numpy())
   extra, task = setup["data"].extra, config.task
-  preds, post_s = torch_postprocess(extra["questions"], extra["windows"], np.concatenate(starts),
+  preds, odds, post_s = torch_postprocess(extra["questions"], extra["windows"], np.concatenate(starts),
                                     np.concatenate(ends), task.n_best_size, task.max_answer_length, task.version == "2.0")
-  metrics = squad.score(preds, {q: 0.0 for q in preds}, extra["data"], task)
+  metrics = squad.score(preds, odds, extra["data"], task)
   return metrics, train_s, post_s
 
 
