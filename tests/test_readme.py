@@ -1,7 +1,9 @@
 """Every `python -m bertjax.*` command README.md shows runs, with CPU-sized overrides where it is full-size."""
 
 import importlib.util
+import json
 import os
+import random
 import re
 import shlex
 import subprocess
@@ -30,6 +32,15 @@ OVERRIDES = {
     ("bertjax.train", None, "configs/structbert.py:tiny"): ({}, SHORT_RUN),
     ("bertjax.finetune", None, "configs/finetune.py:tiny"): ({}, ("--config.total_steps=10",)),
     ("bertjax.finetune", None, "configs/finetune.py:sst2"): ({}, ("--config.total_steps=10", "--config.seeds=1")),
+    ("bertjax.finetune.suite", None, "configs/finetune.py:tiny"): (
+        {}, ("--config.task.max_train_examples=64", "--config.task.max_eval_examples=32", "--config.total_steps=5")),
+    ("bertjax.finetune", None, "configs/finetune.py:squad2"): (
+        {}, ("--config.seq_len=128", "--config.task.doc_stride=64", "--config.task.max_query_length=32",
+             "--config.total_steps=10", "--config.seeds=1")),
+    ("bertjax.finetune.squad_eval", "/data/squad/dev-v2.0.json", None): ({}, ()),
+    ("bertjax.finetune", None, "configs/finetune.py:ner"): ({}, ("--config.total_steps=10", "--config.seeds=1")),
+    ("bertjax.finetune", None, "configs/finetune.py:swag"): (
+        {}, ("--config.seq_len=64", "--config.total_steps=10", "--config.seeds=1")),
     ("bertjax.distill", None, "configs/distill.py:tiny"): ({}, SHORT_RUN),
     ("bertjax.summary", None, "configs/bert.py:base"): ({}, ()),
     ("bertjax.data.prepare", None, "configs/bert.py:tiny"): ({}, ("--workers=1",)),
@@ -82,11 +93,12 @@ def command_key(command):
 
 
 def cpu_sized(command, tmp):
-  """The command as the test runs it: overrides applied, /tmp/ paths moved under `tmp`."""
+  """The command as the test runs it: overrides applied, /tmp/ paths moved under `tmp`, and the datasets
+  the README calls /data/NAME replaced by the toy ones `task_data` writes to `tmp`/data/NAME."""
   replace, extra = OVERRIDES[command_key(command)]
   for old, new in replace.items():
     command = command.replace(old, new)
-  args = shlex.split(command.replace("/tmp/", f"{tmp}/"))
+  args = shlex.split(command.replace("/tmp/", f"{tmp}/").replace("/data/", f"{tmp}/data/"))
   return [sys.executable, *args[1:], *extra]
 
 
@@ -138,11 +150,65 @@ def test_cheap_readme_commands_run(command, tmp_path):
   assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"
 
 
+def _sentences():
+  import pydoc_data.topics as topics
+
+  text = " ".join(" ".join(v.split()) for v in topics.topics.values())
+  return [s for s in re.split(r"(?<=[.!?])\s+", text) if 6 <= len(s.split()) <= 20]
+
+
+def task_data(tmp):
+  """Toy datasets in the layouts the README's task commands read (/data/NAME there, tmp/data/NAME here), made
+  from Python's own docs: a GLUE root (SST-2 as the README's toy task, RTE: is B the sentence after A?),
+  SQuAD v2.0 (which word follows X?, some unanswerable), CoNLL (capitalized words as entities) and
+  multiple-choice JSONL (the true next sentence among three)."""
+  sents, rng, root = _sentences(), random.Random(0), f"{tmp}/data"
+
+  def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, "w").write(text)
+
+  for name in ("train.tsv", "dev.tsv"):
+    write(f"{root}/glue/SST-2/{name}", open(f"{tmp}/toy-sst2/{name}").read())
+    rows = [f"{i}\t{a}\t{b if y else rng.choice(sents)}\t{'entailment' if y else 'not_entailment'}\n"
+            for i, (a, b, y) in enumerate((a, b, rng.random() < 0.5) for a, b in zip(sents[:120], sents[1:121]))]
+    write(f"{root}/glue/RTE/{name}", "index\tsentence1\tsentence2\tlabel\n" + "".join(rows))
+  for name, part in (("train-v2.0.json", sents[:60]), ("dev-v2.0.json", sents[60:90])):
+    qas = []
+    for i, s in enumerate(part):
+      words = s.split()
+      k = rng.randrange(len(words) - 1)
+      answerable = i % 3 != 0
+      qas.append({"context": s, "qas": [{"id": f"{name}-{i}", "question": f"Which word follows {words[k]}?",
+                                          "answers": [{"text": words[k + 1], "answer_start": s.index(words[k + 1], len(" ".join(words[:k + 1])))}] if answerable else [],
+                                          "is_impossible": not answerable}]})
+    write(f"{root}/squad/{name}", json.dumps({"version": "v2.0", "data": [{"title": "toy", "paragraphs": qas}]}))
+  for name, part in (("train.txt", sents[:150]), ("dev.txt", sents[150:200])):
+    lines = []
+    for s in part:
+      prev = "O"
+      for w in s.split():
+        tag = "O" if not w[:1].isupper() else ("I-CAP" if prev != "O" else "B-CAP")
+        lines.append(f"{w} {tag}")
+        prev = tag
+      lines.append("")
+    write(f"{root}/conll/{name}", "\n".join(lines) + "\n")
+  for name, part in (("train.jsonl", range(0, 80)), ("dev.jsonl", range(80, 110))):
+    rows = []
+    for i in part:
+      choices = [sents[i + 1], sents[rng.randrange(len(sents))], sents[rng.randrange(len(sents))]]
+      order = rng.sample(range(3), 3)
+      rows.append(json.dumps({"context": sents[i], "question": "", "choices": [choices[j] for j in order],
+                              "label": order.index(0)}))
+    write(f"{root}/mc/{name}", "\n".join(rows) + "\n")
+
+
 @pytest.mark.slow
 def test_every_readme_command_runs_in_order(tmp_path):
   """The README's commands in its own order (later ones read what earlier ones wrote), CPU-sized."""
   for script in setup_scripts(TEXT):
     subprocess.run(["bash", "-c", script.replace("/tmp/", f"{tmp_path}/")], cwd=tmp_path, check=True)
+  task_data(str(tmp_path))
   failures = []
   for command in COMMANDS:
     start = time.time()
