@@ -4,7 +4,7 @@ Same BERT config, batch, sequence length and precision; both train MLM on 15% of
 AdamW and gradient clipping at 1.0. bertjax runs its real jitted train step (masking on device included);
 PyTorch runs HF's `BertModel` + `BertPreTrainingHeads` with the masked batch made once beforehand, as a data
 loader would. PyTorch runs in a process of its own (its own glibc malloc policy on CPU:
-`bertjax/runtime.py`'s `BERTJAX_HOST_MALLOC=retain` for bertjax's process, `--torch_malloc=retain` for
+`bertjax/core/runtime.py`'s `BERTJAX_HOST_MALLOC=retain` for bertjax's process, `--torch_malloc=retain` for
 PyTorch's; on GPU, its own CUDA context). Steps of the two alternate in rounds, so both see the same machine
 load; the medians and their ratio are printed, then one JSON line.
 
@@ -359,7 +359,7 @@ def _define_flags():
   _ROUNDS = flags.DEFINE_integer("rounds", 2, "rounds of alternating bertjax / PyTorch steps")
   _THREADS = flags.DEFINE_integer("threads", 0, "PyTorch intra-op threads (0: all cores, as XLA uses)")
   _TORCH_MALLOC = flags.DEFINE_enum("torch_malloc", "default", ["default", "retain"],
-                                    "the PyTorch process's glibc malloc policy (bertjax/runtime.py)")
+                                    "the PyTorch process's glibc malloc policy (bertjax/core/runtime.py)")
 
 
 if __name__ == "__main__":

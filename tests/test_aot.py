@@ -29,6 +29,7 @@ def _aot(*flags):
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # > 15 s cold: the normal tier stays under 8 minutes (README)
 def test_aot_compiles_the_train_step_for_a_v4_slice():
   report = _aot()
   assert report["devices"] == 4 and report["mesh"]["fsdp"] == 4 and report["fits"]

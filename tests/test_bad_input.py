@@ -92,14 +92,15 @@ def test_libtpu_without_a_tpu_prints_nothing(tmp_path):
   import sys
 
   assert importlib.util.find_spec("libtpu") is not None, "the test extra installs jax[tpu]"
-  code = "from bertjax import runtime; runtime.setup(); import jax; print(jax.devices()[0].platform)"
+  code = "from bertjax.core import runtime; runtime.setup(); import jax; print(jax.devices()[0].platform)"
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                         env={k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"})
   assert proc.returncode == 0 and proc.stdout.strip() == "cpu" and not proc.stderr.strip(), proc.stderr
 
 
-@pytest.mark.parametrize("module", ["train", "summary", "bench", "aot", "prepare", "finetune", "hf",
-                                    "heads", "analysis", "distill"])
+@pytest.mark.parametrize("module", ["train", "summary", "train.bench", "aot", "data.prepare", "finetune", "hf",
+                                    "compress.prune", "compress.analysis", "distill", "finetune.suite",
+                                    "finetune.squad_eval", "finetune.qa_io", "finetune.predict"])
 def test_every_cli_parses_its_flags_into_one_line_errors(module):
   import subprocess
   import sys

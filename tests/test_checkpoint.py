@@ -62,6 +62,7 @@ def _whole(tmp_path):
   return whole
 
 
+@pytest.mark.slow  # > 15 s cold: the normal tier stays under 8 minutes (README)
 def test_sigkill_in_phase_2_resumes_to_the_uninterrupted_run(tmp_path):
   whole, cut = _whole(tmp_path), tmp_path / "cut"
   proc = _phased(cut, wait=False)

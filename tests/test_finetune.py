@@ -120,6 +120,7 @@ def _pair_task(directory, n_train=3000, n_eval=300):
   return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(words)
 
 
+@pytest.mark.slow  # > 15 s cold: the normal tier stays under 8 minutes (README)
 def test_tiny_model_learns_a_generated_pair_task(tmp_path, capsys):
   from bertjax.data.tokenizer_spec import load_tokenizer
   from bertjax.finetune import train

@@ -88,7 +88,7 @@ def test_importance_is_the_gate_gradient_normalized_per_layer():
 
 def _reference_importance(model, params, data, gates):
   """Michel et al.'s per-layer-normalized |dL/d gate| for one batch, written here from the model's outputs
-  (softmax cross-entropy by hand), not through bertjax.heads or the fine-tuning loss."""
+  (softmax cross-entropy by hand), not through bertjax.compress.prune or the fine-tuning loss."""
   def loss(g):
     logits = model.apply({"params": params}, data["input_ids"], data["type_ids"], data["groups"], g)
     logp = jax.nn.log_softmax(logits.astype(jnp.float32))

@@ -97,6 +97,7 @@ def error_lines(output) -> list:
   return [line for line in output.splitlines() if line.startswith("error:")]
 
 
+@pytest.mark.slow  # > 15 s cold: the normal tier stays under 8 minutes (README)
 def test_a_killed_two_process_run(tmp_path):
   """One 2-process run, process 1 SIGKILLed after the step-2 checkpoint, checked four ways (one test, so
   that pytest-xdist cannot run the 2-process run twice for tests on two workers)."""

@@ -20,6 +20,7 @@ def test_the_first_cell_needs_no_editing_on_colab():
   assert "github.com/ORG" not in first and "raise SystemExit(\"bertjax not found: set REPO_URL" in first
 
 
+@pytest.mark.slow  # > 15 s cold: the normal tier stays under 8 minutes (README)
 def test_quickstart_notebook_executes(tmp_path, monkeypatch):
   nbformat = pytest.importorskip("nbformat")
   nbclient = pytest.importorskip("nbclient")

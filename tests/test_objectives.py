@@ -34,6 +34,7 @@ def _setup(config):
   return model, params, cfg
 
 
+@pytest.mark.slow  # > 15 s cold: the normal tier stays under 8 minutes (README)
 def test_masked_positions_sampled_as_the_original_are_labelled_original(monkeypatch):
   config = micro("configs/electra.py:tiny", seq_len=S)
   model, params, cfg = _setup(config)

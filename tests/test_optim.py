@@ -64,7 +64,7 @@ def _pretraining_tx(config):
   return optim.make(config.optimizer, optim.lr_schedule(config))
 
 
-# The reference formulas, transcribed from their sources once (bertjax/interop/torch_reference.py, also the
+# The reference formulas, transcribed from their sources once (tests/torch_reference.py, also the
 # parity tests' schedules), plus cosine (t: 0-based step, w: warmup, T: total).
 REFERENCE = dict(ref.SCHEDULES,
                  cosine=lambda t, w, T: t / w if t < w else 0.5 * (1 + math.cos(math.pi * (t - w) / (T - w))))

@@ -33,6 +33,7 @@ def _faulted_mib_per_call(policy: str) -> float:
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # > 15 s cold: the normal tier stays under 8 minutes (README)
 @pytest.mark.skipif(sys.platform != "linux", reason="the policy is glibc's mallopt; elsewhere it is a no-op")
 def test_cpu_steps_reuse_freed_host_memory():
   """With glibc's default policy every call maps its temporaries afresh and faults them in (4 GiB a call

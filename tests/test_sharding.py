@@ -84,6 +84,7 @@ def _train(workdir, *flags, env=None):
   return read_metrics(workdir)
 
 
+@pytest.mark.slow  # > 15 s cold: the normal tier stays under 8 minutes (README)
 def test_train_cli_fsdp_on_8_devices_matches_one_device(tmp_path):
   one = _train(tmp_path / "one")
   eight = _train(tmp_path / "eight", "--config.sharding=fsdp", env=EIGHT)

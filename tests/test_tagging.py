@@ -249,9 +249,9 @@ def test_tiny_model_learns_generated_ner_and_scores_every_word(tmp_path, capsys)
   words = ["anna", "smith", "went", "to", "rome", "."]
   tags = tagging.tag_words(words, tm.tokenizer, tm.model, tm.params, 24)
   assert tags[:5] == ["B-PER", "I-PER", "O", "O", "B-LOC"]
-  _predict_cli(model=workdir / "seed_0" / "model", text="anna smith went to rome.", seq_len=24,
-               export=tmp_path / "exported")
-  assert capsys.readouterr().out.splitlines()[:6] == [f"{w}\t{t}" for w, t in zip(words, tags)]
+  out = _predict_cli(model=workdir / "seed_0" / "model", text="anna smith went to rome.", seq_len=24,
+                     export=tmp_path / "exported")
+  assert out.splitlines()[:6] == [f"{w}\t{t}" for w, t in zip(words, tags)]
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
   hf = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "exported").eval()
@@ -263,18 +263,16 @@ def test_tiny_model_learns_generated_ner_and_scores_every_word(tmp_path, capsys)
   assert [hf.config.id2label[ids[k]] for k in firsts] == tags
 
 
-def _predict_cli(**values):
-  """Runs `python -m bertjax.finetune.predict --k=v ...` in this process."""
-  from absl import flags
+def _predict_cli(**values) -> str:
+  """Runs `python -m bertjax.finetune.predict --k=v ...` (in a process of its own: its absl flags share names
+  with other commands' that tests import in-process); returns its stdout."""
+  import subprocess
+  import sys
 
-  from bertjax.finetune import predict
-
-  flags.FLAGS.unparse_flags()
-  flags.FLAGS(["predict"] + [f"--{k}={v}" for k, v in values.items()])
-  try:
-    predict.main(["predict"])
-  finally:
-    flags.FLAGS.unparse_flags()
+  proc = subprocess.run([sys.executable, "-m", "bertjax.finetune.predict", *(f"--{k}={v}" for k, v in values.items())],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc.stdout
 
 
 @pytest.mark.slow  # the trainer's multiple-choice path; the normal tier has its step parity and metric

@@ -1,6 +1,7 @@
 """Command-line plumbing shared by every `python -m bertjax.<command>`: one-line errors (UserError, bad flags,
 bad config keys) with exit code 2, the `--config/--workdir` main of the run commands, and `--phase`."""
 
+import argparse
 import functools
 import re
 import sys
@@ -8,6 +9,24 @@ import sys
 from bertjax.core.errors import RESTARTABLE_EXIT, RestartableError, UserError
 
 
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse for the small positional-argument CLIs (squad_eval, qa_io): a usage error is one `error: ...`
+  line and exit 2, as a UserError is, instead of argparse's usage block."""
+
+  def error(self, message):
+    print(f"error: {message}; see --help", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+  def parse_args(self, args=None, namespace=None):
+    """An unknown flag is named first (argparse would first complain about missing positionals)."""
+    known = {s for action in self._actions for s in action.option_strings}
+    given = sys.argv[1:] if args is None else args
+    unknown = [a.split("=", 1)[0] for a in given if a.startswith("--") and a.split("=", 1)[0] not in known]
+    if unknown:
+      self.error(f"unknown flag {unknown[0]}")
+    return super().parse_args(args, namespace)
 
 
 def cli(main):

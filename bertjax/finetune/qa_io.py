@@ -126,9 +126,9 @@ def answer(model: SpanQA, params, tokenizer, question: str, context: str, settin
 
 def main(argv: list) -> int:
   """The CLI (see the module docstring); one-line errors, exit 2."""
-  import argparse
+  from bertjax.core.cli import ArgumentParser
 
-  p = argparse.ArgumentParser(prog="python -m bertjax.finetune.qa_io")
+  p = ArgumentParser(prog="python -m bertjax.finetune.qa_io")
   p.add_argument("command", choices=("answer", "export"))
   p.add_argument("--model", default="", help="a fine-tuned QA model directory (WORKDIR/seed_S/model)")
   p.add_argument("--hf_dir", default="", help="answer: an HF *ForQuestionAnswering checkpoint instead")

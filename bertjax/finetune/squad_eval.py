@@ -178,9 +178,9 @@ def score_files(data_path: str, pred_path: str, na_prob_file: str = "", na_prob_
 
 def main(argv: list) -> int:
   """The CLI: prints the official scripts' output keys as JSON; one-line errors and exit 2 on bad input."""
-  import argparse
+  from bertjax.core.cli import ArgumentParser
 
-  p = argparse.ArgumentParser(prog="python -m bertjax.finetune.squad_eval", description=__doc__.split("\n")[0])
+  p = ArgumentParser(prog="python -m bertjax.finetune.squad_eval", description=__doc__.split("\n")[0])
   p.add_argument("data_file")
   p.add_argument("pred_file")
   p.add_argument("--na_prob_file", "--na-prob-file", default="", help="v2.0: qid -> null odds (null_odds.json)")
