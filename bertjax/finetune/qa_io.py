@@ -62,12 +62,7 @@ def write_hf(run_config, params, out_dir: str, tokenizer=None) -> str:
   hf = hf_configs.to_hf(run_config, family, ARCH[family], special)
   tensors = convert.encoder_tensors(run_config, params, family, special)
   tensors.update(W.export_tensors(W.entries_of("qa_outputs", "qa_outputs"), params))
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "config.json"), "w") as f:
-    json.dump(hf, f, indent=2)
-  safetensors_io.write_file(os.path.join(out_dir, safetensors_io.SINGLE), tensors, {"format": "pt"})
-  convert.write_tokenizer(tokenizer, out_dir)
-  return out_dir
+  return convert.write_dir(out_dir, hf, tensors, tokenizer)
 
 
 def save_model(directory: str, run_config, model: SpanQA, params) -> None:

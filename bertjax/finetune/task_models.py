@@ -179,9 +179,4 @@ def write_hf(task_model: TaskModel, out_dir: str, special=None) -> str:
   if kind == "multiple_choice":
     entries += W.entries_of("pooler", W.PREFIX[family] + "pooler.dense")
   tensors.update(W.export_tensors(entries, params))
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "config.json"), "w") as f:
-    json.dump(hf, f, indent=2)
-  safetensors_io.write_file(os.path.join(out_dir, safetensors_io.SINGLE), tensors, {"format": "pt"})
-  convert.write_tokenizer(tok, out_dir)
-  return out_dir
+  return convert.write_dir(out_dir, hf, tensors, tok)

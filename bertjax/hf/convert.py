@@ -287,6 +287,17 @@ def write_tokenizer(tok: Tokenizer | None, out_dir: str):
     json.dump(cfg, f, indent=2)
 
 
+def write_dir(directory: str, hf_config: dict, tensors: dict, tokenizer: Tokenizer | None) -> str:
+  """One HF checkpoint directory: config.json, model.safetensors and the tokenizer files; returns it.
+  Pretraining exports and the task heads' exports (QA, token classification, multiple choice) all end here."""
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf_config, f, indent=2)
+  safetensors_io.write_file(os.path.join(directory, safetensors_io.SINGLE), tensors, {"format": "pt"})
+  write_tokenizer(tokenizer, directory)
+  return directory
+
+
 def write_hf(config, params, out_dir: str, tokenizer: Tokenizer | None = None,
              special: SpecialIds | None = None) -> list:
   """Exports a bertjax model to HF's layout; returns the directories written (ELECTRA: OUT/discriminator
@@ -301,9 +312,5 @@ def write_hf(config, params, out_dir: str, tokenizer: Tokenizer | None = None,
     directory = os.path.join(out_dir, name) if name else out_dir
     os.makedirs(directory, exist_ok=True)
     hf, tensors = _network(config, params, family, generator, special)
-    with open(os.path.join(directory, "config.json"), "w") as f:
-      json.dump(hf, f, indent=2)
-    safetensors_io.write_file(os.path.join(directory, safetensors_io.SINGLE), tensors, {"format": "pt"})
-    write_tokenizer(tokenizer, directory)
-    written.append(directory)
+    written.append(write_dir(directory, hf, tensors, tokenizer))
   return written
