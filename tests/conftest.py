@@ -109,3 +109,17 @@ LONGEST_FIRST = ("test_multihost.py", "test_sharding.py", "test_aot.py", "test_c
 def pytest_collection_modifyitems(items):
   rank = lambda item: LONGEST_FIRST.index(item.path.name) if item.path.name in LONGEST_FIRST else len(LONGEST_FIRST)
   items.sort(key=rank)  # stable: the rest keep their order
+
+
+def tiny_hf_checkpoint(tmp_path, vocab) -> str:
+  """A randomly initialized micro BERT written as an HF checkpoint with a WordPiece vocab of `vocab` (a list of
+  tokens): what the fine-tuning task tests start from."""
+  from bertjax.data.tokenizer_spec import load_tokenizer
+  from bertjax.hf import convert
+
+  (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  pre = micro("configs/bert.py:tiny")
+  pre.model.vocab_size = len(vocab)
+  ckpt = str(tmp_path / "hf")
+  convert.write_hf(pre, convert.init_params(pre, seed=0), ckpt, load_tokenizer(f"wordpiece:{tmp_path / 'vocab.txt'}"))
+  return ckpt

@@ -264,18 +264,9 @@ def _tiny_squad(directory, n_train, n_eval, version):
 
 
 def _tiny_checkpoint(tmp_path, vocab):
-  """A randomly initialized micro BERT written as an HF checkpoint with a WordPiece vocab of `vocab`."""
-  from bertjax.data.tokenizer_spec import load_tokenizer
-  from bertjax.hf import convert
+  from conftest import tiny_hf_checkpoint
 
-  from conftest import micro
-
-  (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-  pre = micro("configs/bert.py:tiny")
-  pre.model.vocab_size = len(vocab)
-  ckpt = str(tmp_path / "hf")
-  convert.write_hf(pre, convert.init_params(pre, seed=0), ckpt, load_tokenizer(f"wordpiece:{tmp_path / 'vocab.txt'}"))
-  return ckpt
+  return tiny_hf_checkpoint(tmp_path, vocab)
 
 
 @pytest.mark.parametrize("version", ["2.0", "1.1"])

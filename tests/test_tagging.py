@@ -209,15 +209,9 @@ def _ner_files(directory, rng, n_train, n_eval):
 
 
 def _tiny_checkpoint(tmp_path, vocab):
-  from bertjax.data.tokenizer_spec import load_tokenizer
-  from bertjax.hf import convert
+  from conftest import tiny_hf_checkpoint
 
-  (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-  pre = micro("configs/bert.py:tiny")
-  pre.model.vocab_size = len(vocab)
-  ckpt = str(tmp_path / "hf")
-  convert.write_hf(pre, convert.init_params(pre, seed=0), ckpt, load_tokenizer(f"wordpiece:{tmp_path / 'vocab.txt'}"))
-  return ckpt
+  return tiny_hf_checkpoint(tmp_path, vocab)
 
 
 def test_tiny_model_learns_generated_ner_and_scores_every_word(tmp_path, capsys):
