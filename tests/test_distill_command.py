@@ -8,8 +8,11 @@ import string
 import subprocess
 import sys
 
+import pytest
+
 from bertjax.train import checkpoint, loop
 from conftest import MICRO_FLAGS, REPO, micro, read_metrics
+
 
 STEPS = ("--config.total_steps=4", "--config.log_every=2", "--config.eval_every=4", "--config.checkpoint_every=4")
 
@@ -23,6 +26,7 @@ def _character_vocab(path) -> int:
   return len(pieces)
 
 
+@pytest.mark.slow  # 37 s cold; CI runs the slow tier, so the crash stays guarded there
 def test_the_distill_command_trains_a_student_of_a_tiny_teacher_and_evaluates_it(tmp_path):
   teacher, work, vocab = tmp_path / "teacher", tmp_path / "w", tmp_path / "vocab.txt"
   size = _character_vocab(vocab)
