@@ -124,12 +124,22 @@ def save_model(directory: str, run_config, model: Classifier, params) -> None:
     json.dump(head, f, indent=2)
 
 
+def restore_params(directory: str, model: nn.Module) -> dict:
+  """The params of a fine-tuned `model` (any head model applied as (input_ids, type_ids, groups)) from the
+  checkpoint in `directory`: shapes from an abstract init, no host-side init of real weights."""
+  from bertjax.train import checkpoint
+
+  ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+  shapes = sh.strip_boxes(jax.eval_shape(lambda r, i: model.init({"params": r}, i, i, i)["params"],
+                                         jax.random.key(0), ids))
+  return jax.tree.map(jnp.asarray, checkpoint.restore_params(directory, shapes))
+
+
 def load_model(directory: str, cfg: EncoderConfig | None = None) -> tuple:
   """(run config, deterministic Classifier, params) of a model written by `save_model`; `cfg` replaces the
   encoder config derived from its config.json (e.g. to change the compute dtype)."""
   from bertjax.hf import workdir as wd
   from bertjax.model import config as model_config
-  from bertjax.train import checkpoint
 
   path = os.path.join(directory, "classifier.json")
   if not os.path.isfile(path):
@@ -140,11 +150,7 @@ def load_model(directory: str, cfg: EncoderConfig | None = None) -> tuple:
   run_config = wd.load_config(directory)
   model = Classifier(cfg or model_config.encoder_config(run_config.model), head["num_outputs"],
                      head["classifier_dropout"], deterministic=True, head=head["head"])
-  ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
-  shapes = sh.strip_boxes(jax.eval_shape(lambda r, i: model.init({"params": r}, i, i, i)["params"],
-                                         jax.random.key(0), ids))
-  params = jax.tree.map(jnp.asarray, checkpoint.restore_params(directory, shapes))
-  return run_config, model, params
+  return run_config, model, restore_params(directory, model)
 
 
 def layer_multipliers(params: dict, cfg: EncoderConfig, decay: float) -> dict:

@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.core import sharding as sh
 from bertjax.core.errors import UserError
 from bertjax.hf import configs as hf_configs, convert, safetensors_io, tokenizers as hf_tokenizers, weights as W
+from bertjax.finetune.model import restore_params
 from bertjax.finetune.qa_model import SpanQA
 
 QA_FILE = "qa.json"  # beside a saved model's config.json: the head and the task settings it was trained with
@@ -80,7 +80,6 @@ def save_model(directory: str, run_config, model: SpanQA, params) -> None:
 def load_model(directory: str) -> tuple:
   """(run config, SpanQA, params, tokenizer, qa.json settings) of a model written by `save_model`."""
   from bertjax.model import config as model_config
-  from bertjax.train import checkpoint
   from bertjax.hf import workdir as wd
 
   path = os.path.join(directory, QA_FILE)
@@ -92,10 +91,7 @@ def load_model(directory: str) -> tuple:
   run_config = wd.load_config(directory)
   model = SpanQA(model_config.encoder_config(run_config.model), deterministic=True,
                  answerable_head=head["answerable_head"])
-  ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
-  shapes = sh.strip_boxes(jax.eval_shape(lambda r, i: model.init({"params": r}, i, i, i)["params"],
-                                         jax.random.key(0), ids))
-  params = jax.tree.map(jnp.asarray, checkpoint.restore_params(directory, shapes))
+  params = restore_params(directory, model)
   spec = run_config.data.get("tokenizer", "")
   tok = hf_tokenizers.load_any(spec) if spec else None
   head.pop("answerable_head")

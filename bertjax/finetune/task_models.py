@@ -15,12 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.core import sharding as sh
 from bertjax.model import config as model_config
-from bertjax.train import checkpoint
 from bertjax.core.errors import UserError
 from bertjax.finetune import tag_metrics
-from bertjax.finetune.model import MultipleChoice, TokenClassifier
+from bertjax.finetune.model import MultipleChoice, TokenClassifier, restore_params
 from bertjax.hf import configs, convert, safetensors_io, tokenizers as hf_tokenizers, weights as W
 from bertjax.hf import workdir as wd
 
@@ -54,11 +52,6 @@ def build(kind: str, run_config, info: dict, cfg=None):
     return MultipleChoice(cfg, 1, dropout, deterministic=True, head="pooler")
   raise UserError(f"task kind {kind!r}; bertjax saves {', '.join(KINDS)}")
 
-
-def _shapes(model) -> dict:
-  ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
-  return sh.strip_boxes(jax.eval_shape(lambda r, i: model.init({"params": r}, i, i, i)["params"],
-                                       jax.random.key(0), ids))
 
 
 def _copy_tokenizer(spec: str, directory: str) -> str:
@@ -103,7 +96,7 @@ def load(directory: str) -> TaskModel:
     info = json.load(f)
   run_config = wd.load_config(directory)
   model = build(info["kind"], run_config, info)
-  params = jax.tree.map(jnp.asarray, checkpoint.restore_params(directory, _shapes(model)))
+  params = restore_params(directory, model)
   spec = run_config.data.tokenizer
   tok = hf_tokenizers.load_any(spec) if spec else None
   return TaskModel(info["kind"], run_config, model, params, tok, info)
