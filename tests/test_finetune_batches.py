@@ -1,6 +1,7 @@
 """Length-bucketed fine-tuning batches (bertjax.finetune.batches): the same loss and gradients at a bucket's
 length as at seq_len, at most one compile per bucket, batches a pure function of (seed, step)."""
 
+import dataclasses
 import functools
 
 import jax
@@ -57,21 +58,32 @@ def test_bucket_lengths_default_to_multiples_of_32_and_end_at_seq_len():
       batches.bucket_lengths(c)
 
 
-def test_a_batch_has_the_same_loss_and_gradients_at_its_bucket_and_at_seq_len():
+@pytest.mark.parametrize("dropout", [False, True])
+def test_a_batch_has_the_same_loss_and_gradients_at_its_bucket_and_at_seq_len(dropout):
+  """Padding is masked, and dropout masks are drawn at seq_len (EncoderConfig.dropout_length): with dropout
+  on, the bucketed batch is the fixed-length batch, not a batch with other random draws."""
   model, params = _classifier()
+  rng = None
+  if dropout:
+    cfg = dataclasses.replace(model.cfg, dropout_length=SEQ, dropout=0.3, attention_dropout=0.3)
+    model, rng = ft_model.Classifier(cfg, 2, classifier_dropout=0.3, deterministic=False), jax.random.key(3)
   arrays = _arrays(short=True)
   config = _config()
   layout = batches.layout(config, arrays, tasks.TOKEN_FIELDS)
   rows = np.arange(8)
   cut, full = batches.take(arrays, rows, layout), batches.take(arrays, rows, batches.fixed_layout(arrays))
   assert cut["input_ids"].shape == (8, 16) and full["input_ids"].shape == (8, SEQ)  # rows of <= 12 tokens: bucket 16
-  grad = jax.jit(jax.value_and_grad(functools.partial(train.batch_loss, rng=None, model=model,
+  grad = jax.jit(jax.value_and_grad(functools.partial(train.batch_loss, rng=rng, model=model,
                                                       task_loss=classification.loss)))
   (loss_cut, g_cut), (loss_full, g_full) = [grad(params, b) for b in (cut, full)]
   np.testing.assert_allclose(loss_cut, loss_full, rtol=0, atol=1e-6)
   assert float(loss_cut) > 0.1  # a real loss, not an empty batch
   for a, b in zip(jax.tree.leaves(g_cut), jax.tree.leaves(g_full)):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+  if dropout:  # and the draws are real: another key gives another loss
+    other = jax.jit(functools.partial(train.batch_loss, rng=jax.random.key(4), model=model,
+                                      task_loss=classification.loss))(params, cut)
+    assert abs(float(other) - float(loss_cut)) > 1e-4
 
 
 def test_training_and_evaluation_compile_at_most_once_per_bucket():

@@ -131,3 +131,8 @@ def test_dropout_keep_mask_is_bernoulli_with_independent_draws():
   assert abs(np.corrcoef(mask.ravel(), other.ravel())[0, 1]) < 0.01
   odd = np.asarray(keep_mask(jax.random.key(2), (3, 4001), 0.5))
   assert odd.shape == (3, 4001) and abs(odd.mean() - 0.5) < 0.02
+  # Drawn for a larger full shape, the mask is that shape's mask cut to the corner (any last length).
+  full = np.asarray(keep_mask(jax.random.key(3), (2, 3, 24, 24), 0.9))
+  for shape in ((2, 3, 8, 8), (2, 3, 13, 13), (2, 3, 24, 5)):
+    corner = np.asarray(keep_mask(jax.random.key(3), shape, 0.9, full_shape=(2, 3, 24, 24)))
+    np.testing.assert_array_equal(corner, full[tuple(slice(n) for n in shape)])

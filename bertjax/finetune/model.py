@@ -14,7 +14,7 @@ from flax import linen as nn
 
 from bertjax.core import sharding as sh
 from bertjax.core.errors import UserError
-from bertjax.model.encoder import activation, dense, Embeddings, Encoder, EncoderConfig
+from bertjax.model.encoder import activation, dense, Embeddings, Encoder, EncoderConfig, token_dropout
 
 
 HEADS = ("pooler", "electra")
@@ -68,7 +68,7 @@ class TokenClassifier(nn.Module):
     c = self.cfg
     x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic)
     hidden = Encoder(c, self.deterministic, name="encoder")(x, groups, head_gates)
-    hidden = nn.Dropout(self.classifier_dropout)(hidden, deterministic=self.deterministic)
+    hidden = token_dropout(c, self.classifier_dropout)(hidden, deterministic=self.deterministic)
     return dense(c, c.hidden_size, self.num_labels, (sh.EMBED, None), "classifier")(hidden).astype(jnp.float32)
 
 

@@ -66,11 +66,12 @@ def load_checkpoint(init) -> inference.Loaded:
 
 
 def encoder_config(config, loaded: inference.Loaded):
-  """The checkpoint's main encoder with the fine-tuning dropout and dtype."""
+  """The checkpoint's main encoder with the fine-tuning dropout and dtype; dropout masks are drawn at
+  seq_len, so a length bucket's batch gets the fixed-length batch's masks (EncoderConfig.dropout_length)."""
   enc = model_config.encoder_config(loaded.config.model)
   m = config.model
   return dataclasses.replace(
-      enc, dtype=config_lib.DTYPES[m.dtype],
+      enc, dtype=config_lib.DTYPES[m.dtype], dropout_length=config.seq_len,
       dropout=enc.dropout if m.dropout < 0 else m.dropout,
       attention_dropout=enc.attention_dropout if m.attention_dropout < 0 else m.attention_dropout)
 

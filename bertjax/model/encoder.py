@@ -68,6 +68,10 @@ class EncoderConfig:
   # Dense matmuls contract the kernel in its own shape, as a quantization library intercepting dot_general
   # needs (qwix matches the operand to the parameter; bertjax.compress.quantize sets it); else as a 2-D [in, out] matrix.
   quantizable: bool = False
+  # Sequence length dropout masks are drawn for (0: the input's own). Fine-tuning sets seq_len, so a batch
+  # cut to a shorter length bucket gets the fixed-length batch's masks cut to its length: buckets change
+  # the cost of a step, not its randomness (bertjax.finetune.batches).
+  dropout_length: int = 0
 
   @property
   def head_dim(self) -> int:
@@ -193,17 +197,25 @@ def _is_threefry(rng) -> bool:
   return rng.shape == (2,) and "threefry" in jax.config.jax_default_prng_impl
 
 
-def keep_mask(rng, shape, keep_prob: float):
+def keep_mask(rng, shape, keep_prob: float, full_shape=None):
   """Dropout's Bernoulli(keep_prob) mask from the threefry hash, four 16-bit draws per hash.
 
   One Threefry-2x32 evaluation gives 64 random bits; jax.random.bernoulli spends them on one element,
   and the hash was a third of a CPU train step at tiny size. Here each element compares 16 bits with
   round(keep_prob * 2^16), so keep_prob is exact to 2^-17 (0.9 -> 0.899994). Counters run over the
   leading dimensions and a quarter of the last, so the mask shards like the activations it masks.
+  `full_shape` (each axis at least `shape`'s): the mask is the corner of the one drawn for that shape,
+  computed without drawing the rest (counters keep the full shape's strides).
   """
   *lead, last = shape
   quarter = -(-last // 4)
-  counts = jax.lax.iota(jnp.uint32, math.prod(lead) * quarter).reshape((*lead, quarter))
+  if full_shape is None or tuple(full_shape) == tuple(shape):
+    counts = jax.lax.iota(jnp.uint32, math.prod(lead) * quarter).reshape((*lead, quarter))
+  else:
+    dims, full_dims = (*lead, quarter), (*full_shape[:-1], -(-full_shape[-1] // 4))
+    strides = [math.prod(full_dims[i + 1:]) for i in range(len(dims))]
+    counts = sum(jax.lax.broadcasted_iota(jnp.uint32, dims, i) * jnp.uint32(stride)
+                 for i, stride in enumerate(strides))
   k = _key_words(rng)
   b0, b1 = _threefry2x32(k[0], k[1], jnp.zeros_like(counts), counts)
   lo = jnp.uint32(0xFFFF)
@@ -213,11 +225,14 @@ def keep_mask(rng, shape, keep_prob: float):
 
 class Dropout(nn.Module):
   """flax.linen.Dropout (same name, rng collection and scaling) with a cheaper mask: `keep_mask` for
-  threefry keys (4x fewer hash evaluations than jax.random.bernoulli); other key types fall back to it."""
+  threefry keys (4x fewer hash evaluations than jax.random.bernoulli); other key types fall back to it.
+  With `length`, the `seq_axes` of the input are drawn as if that long (EncoderConfig.dropout_length)."""
 
   rate: float
   deterministic: bool | None = None
   rng_collection: str = "dropout"
+  seq_axes: tuple = ()
+  length: int = 0
 
   @nn.compact
   def __call__(self, inputs, deterministic: bool | None = None):
@@ -228,11 +243,18 @@ class Dropout(nn.Module):
       return jnp.zeros_like(inputs)
     keep_prob = 1.0 - self.rate
     rng = self.make_rng(self.rng_collection)
-    if _is_threefry(rng) and inputs.ndim >= 1 and inputs.size < 2**32:
-      mask = keep_mask(rng, inputs.shape, keep_prob)
+    full = tuple(max(n, self.length) if i in self.seq_axes else n for i, n in enumerate(inputs.shape))
+    if _is_threefry(rng) and inputs.ndim >= 1 and math.prod(full) < 2**32:
+      mask = keep_mask(rng, inputs.shape, keep_prob, full)
     else:
-      mask = jax.random.bernoulli(rng, p=keep_prob, shape=inputs.shape)
+      mask = jax.random.bernoulli(rng, p=keep_prob, shape=full)[tuple(slice(n) for n in inputs.shape)]
     return jax.lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))
+
+
+def token_dropout(c: EncoderConfig, rate: float, seq_axes=(1,)) -> Dropout:
+  """Dropout of activations with sequence axes ([B, S, ...] hidden states, [B, H, S, S] probabilities),
+  drawn at c.dropout_length so that padding to a shorter length keeps the masks of the real positions."""
+  return Dropout(rate, seq_axes=tuple(seq_axes), length=c.dropout_length)
 
 
 class Dense(nn.Module):
@@ -292,7 +314,7 @@ class Embeddings(nn.Module):
     if c.type_vocab_size:  # 0: no segment embeddings (DistilBERT)
       self.type = self.param("type", _init(c, (None, sh.EMBED)), (c.type_vocab_size, c.embedding_size))
     self.ln = layer_norm(c, "ln")
-    self.drop = Dropout(c.dropout)
+    self.drop = token_dropout(c, c.dropout)
 
   def __call__(self, input_ids, type_ids, deterministic: bool, position_ids=None):
     """position_ids [B, S] restart the positions of packed examples; default 0..S-1 (+ offset)."""
@@ -334,14 +356,14 @@ class Attention(Block):
       # Kept only when the caller asks for the "intermediates" collection (inference's attention maps);
       # otherwise sow does nothing.
       self.sow("intermediates", "attention_probs", probs)
-      probs = Dropout(c.attention_dropout)(probs, deterministic=self.deterministic)
+      probs = token_dropout(c, c.attention_dropout, (2, 3))(probs, deterministic=self.deterministic)
       ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
     else:  # a fused kernel: no [B, H, S, S] array, no attention dropout (config validation sees to it)
       ctx = attention_lib.fused(c.attention, q, k, v, mask, c.head_dim**-0.5).astype(c.dtype)
     if head_gates is not None:  # 0 removes a head exactly (its context never reaches the output projection)
       ctx = ctx * head_gates.astype(ctx.dtype)[:, None]
     out = dense(c, (c.num_heads, c.head_dim), c.hidden_size, (sh.HEADS, sh.KV, sh.EMBED), "output")(ctx)
-    out = Dropout(c.dropout)(out, deterministic=self.deterministic)
+    out = token_dropout(c, c.dropout)(out, deterministic=self.deterministic)
     return layer_norm(c, "ln")(x + out).astype(c.dtype)
 
 
@@ -354,7 +376,7 @@ class FeedForward(Block):
     h = dense(c, c.hidden_size, c.intermediate_size, (sh.EMBED, sh.MLP), "intermediate")(x)
     h = activation(c, h)
     h = dense(c, c.intermediate_size, c.hidden_size, (sh.MLP, sh.EMBED), "output")(h)
-    h = Dropout(c.dropout)(h, deterministic=self.deterministic)
+    h = token_dropout(c, c.dropout)(h, deterministic=self.deterministic)
     return layer_norm(c, "ln")(x + h).astype(c.dtype)
 
 
