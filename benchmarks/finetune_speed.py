@@ -11,8 +11,8 @@ Three runs per task and seed, each one epoch (--epochs) over the same training s
   torch    BertForSequenceClassification in a plain loop fed as transformers' Trainer feeds it with
            group_by_length: LengthGroupedSampler and DataCollatorWithPadding (each batch padded to its longest row)
 fixed and buckets run the same batches (rows grouped by length in both, length_window 50, which changes
-nothing for fixed padding's cost), so their dev accuracies differ only by dropout masks (drawn per shape)
-and float rounding: the paired-seed comparison. The recipe is finetune_parity's (AdamW 5e-5, 10% warmup,
+nothing for fixed padding's cost), and dropout masks are drawn at seq_len and cut to each bucket
+(EncoderConfig.dropout_length), so their dev accuracies differ only by float rounding: the paired-seed comparison. The recipe is finetune_parity's (AdamW 5e-5, 10% warmup,
 linear decay, batch 32, dropout 0.1, seq_len 128). Time per epoch is the training loop's wall time; for
 bertjax the first seed also pays the compiles (one per bucket), so the steady figure is the later seeds'
 median and the first seed's is printed beside it. Prints per task: time per epoch, the share of computed
