@@ -135,6 +135,7 @@ def main():
   p.add_argument("--rte_train", type=int, default=256, help="RTE training examples (0: all 2,490)")
   p.add_argument("--sst2_dev", type=int, default=0, help="SST-2 dev examples (0: all 872)")
   p.add_argument("--rte_dev", type=int, default=0, help="RTE dev examples (0: all 277)")
+  p.add_argument("--bucket_lengths", default="auto", help="the buckets run's config.bucket_lengths (auto: 32, 64, ...)")
   p.add_argument("--epochs", type=int, default=1)
   p.add_argument("--seq_len", type=int, default=128)
   p.add_argument("--batch_size", type=int, default=32)
@@ -158,7 +159,7 @@ def main():
     if dev_n:
       subset_dev(data_dir, dev_n)
     r = {}
-    for name, buckets in (("fixed", "none"), ("buckets", "auto")):
+    for name, buckets in (("fixed", "none"), ("buckets", args.bucket_lengths)):
       t0 = time.time()
       r[name] = bertjax_runs(args, task, data_dir, buckets, os.path.join(args.work_dir, task, name))
       print(f"{task} {name}: {time.time() - t0:.0f} s for {args.seeds} seed(s)", flush=True)
