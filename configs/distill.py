@@ -54,6 +54,7 @@ def get_config(arg: str = "distilbert"):
   # Optimizer: Adam, eps 1e-6, no weight decay, clipping 5.0 (train.py defaults), linear decay after warmup.
   c.optimizer.name, c.optimizer.eps, c.optimizer.weight_decay, c.optimizer.clip_norm = "adamw", 1e-6, 0.0, 5.0
   c.optimizer.schedule = "linear"
+  c.optimizer.bias_correction, c.optimizer.decay_mask = True, "bert"  # distiller.py: torch AdamW, no_decay bias/LayerNorm.weight
   c.log_every, c.eval_every, c.checkpoint_every = 100, 5_000, 5_000
 
   if arg == "tiny":  # configs/bert.py:tiny's recipe and corpus (its teacher's), 1 of its 2 layers
