@@ -211,3 +211,23 @@ def test_import_defaults_hidden_act_to_the_family_s_transformers_default():
   for family, act in (("albert", "gelu_new"), ("bert", "gelu"), ("roberta", "gelu"), ("electra", "gelu")):
     assert getattr(transformers, f"{family.capitalize()}Config")().hidden_act == act
     assert hf_configs.model_section(hf_config, family)["activation"] == act
+
+
+def test_export_keeps_the_pooler_of_an_imported_base_model(tmp_path):
+  """A bare BertModel (encoder + pooler, no heads) imported and exported again through the CLI: the MLM
+  export carries the pooler, so BertModel reads back the same pooler output, and a re-import keeps it."""
+  config = transformers.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=48, max_position_embeddings=32)
+  torch.manual_seed(0)
+  base = transformers.BertModel(config).eval()
+  base.save_pretrained(tmp_path / "hf")
+  work, again = str(tmp_path / "work"), str(tmp_path / "again")
+  _run_cli("import", hf_dir=str(tmp_path / "hf"), workdir=work)
+  _run_cli("export", workdir=work, out=again)
+  ids = torch.tensor(np.random.default_rng(0).integers(5, 60, (2, 12)))
+  back = transformers.BertModel.from_pretrained(again).eval()
+  with torch.no_grad():
+    assert np.abs(back(ids).pooler_output.numpy() - base(ids).pooler_output.numpy()).max() < 1e-5
+  tensors = safetensors_io.read_dir(again)
+  np.testing.assert_array_equal(tensors["bert.pooler.dense.weight"], base.pooler.dense.weight.detach().numpy())
+  assert convert.read_hf(again).pooler is not None
