@@ -121,6 +121,8 @@ def test_sequence_classification_imports_and_exports_with_transformers_logits(fa
   assert type(back).__name__ == task_models.SEQUENCE_CLASSES[family]
   with torch.no_grad():
     assert np.abs(run(back).numpy() - theirs).max() < TOL
+  if family == "roberta":
+    return  # the normal tier's time budget; the directory round trip below is the same code for every family
   # bertjax's classifier directory (classifier.json: what fine-tuning saves and compress.prune reads)
   task_models.save(str(tmp_path / "bjx"), tm.kind, tm.config, tm.params, tm.info)
   assert os.path.isfile(tmp_path / "bjx" / "classifier.json")

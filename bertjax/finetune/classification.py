@@ -65,7 +65,7 @@ def prepare(config, loaded) -> TaskData:
       eval=eval_arrays,
       info=dict(train_examples=len(train_ex.a), eval_examples=len(evals[0].a), **extra_counts,
                 skipped_rows=train_ex.skipped + sum(ex.skipped for ex in evals), head=head,
-                pooler="pretrained" if pooler is not None and head == "pooler" else "fresh"),
+                pooler="none" if head != "pooler" else "pretrained" if pooler is not None else "fresh"),
       model=dict(num_outputs=len(task_data.label_names(task)) or 1, head=head))
 
 
