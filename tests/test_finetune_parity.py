@@ -1,6 +1,7 @@
 """Fine-tuning step parity with transformers: bertjax's fine-tuning step (model, loss, optimizer as
 `python -m bertjax.finetune` builds them) and BertForSequenceClassification (2 and 3 labels, regression)
-or ElectraForSequenceClassification (with ELECTRA's layer-wise learning-rate decay), from the same weights
+or ElectraForSequenceClassification (with ELECTRA's layer-wise learning-rate decay) or
+RobertaForSequenceClassification (its dense-tanh-out_proj head on <s>, no pooler), from the same weights
 on the same batches, dropout off, float32: per-step loss to 1e-3 relative, final parameters to 1e-3."""
 
 import functools
@@ -34,7 +35,12 @@ CASES = {  # name: (pretraining config, outputs, schedule, layer-wise decay)
     "bert-3": ("configs/bert.py:tiny", 3, "linear_after_warmup", 1.0),
     "bert-regression": ("configs/bert.py:tiny", 1, "linear", 1.0),
     "electra-2-layerwise": ("configs/electra.py:tiny", 2, "electra", 0.8),
+    "roberta-2": ("configs/roberta.py:tiny", 2, "linear", 1.0),
 }
+FAMILY_CLASSES = {"bert": "BertForSequenceClassification", "electra": "ElectraForSequenceClassification",
+                  "roberta": "RobertaForSequenceClassification"}
+# HF names of the two-layer heads (ELECTRA's and RoBERTa's classifier.dense / classifier.out_proj) in bertjax's tree
+TWO_LAYER_HEAD = {"classifier.dense": "transform", "classifier.out_proj": "classifier"}
 
 
 def electra_layer_rate(name: str, num_layers: int, decay: float) -> float:
@@ -63,8 +69,9 @@ def random_params(config, seed=1):
   return jax.tree_util.tree_map_with_path(draw, build.param_shapes(config))
 
 
-def batches(n_outputs, vocab, b=8, s=32):
-  """[CLS] A [SEP] B [SEP] with padding; two batches in turn, so that 20 steps can fit them."""
+def batches(n_outputs, vocab, b=8, s=32, segments=True):
+  """[CLS] A [SEP] B [SEP] with padding; two batches in turn, so that 20 steps can fit them. Without
+  `segments` (RoBERTa: one token type), every type id is 0."""
   for t in range(STEPS):
     rng = np.random.default_rng(t % 2)
     lengths = rng.integers(s // 2 + 4, s + 1, b)
@@ -72,16 +79,19 @@ def batches(n_outputs, vocab, b=8, s=32):
     ids[:, 0], ids[:, s // 2] = SPECIAL.cls, SPECIAL.sep
     ids[np.arange(b), lengths - 1] = SPECIAL.sep
     groups = (np.arange(s)[None] < lengths[:, None]).astype(np.int32)
-    types = ((np.arange(s)[None] > s // 2) * groups).astype(np.int32)
+    types = ((np.arange(s)[None] > s // 2) * groups * segments).astype(np.int32)
     label = (ids[:, 1] % n_outputs).astype(np.int32) if n_outputs > 1 else (ids[:, 1] % 5 / 2.0).astype(np.float32)
     yield dict(input_ids=np.where(groups > 0, ids, SPECIAL.pad), type_ids=types, groups=groups, label=label,
                example_weight=np.ones(b, np.float32))
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+SLOW_CASES = ("roberta-2",)  # the normal tier's time budget: RoBERTa's head is also checked in test_task_models
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c for c in sorted(CASES)])
 def test_finetuning_steps_match_transformers(case, tmp_path):
   spec, n_out, schedule, layerwise = CASES[case]
-  family = "electra" if "electra" in spec else "bert"
+  family = next((f for f in ("electra", "roberta") if f in spec), "bert")
   pre = micro(spec)
   pre.model.vocab_size = 300
   pre.model.dropout = pre.model.attention_dropout = 0.0
@@ -93,19 +103,18 @@ def test_finetuning_steps_match_transformers(case, tmp_path):
   config.model.classifier_dropout = 0.0
   total, warmup = STEPS, 5
   enc = model_config.encoder_config(pre.model)
-  head = "electra" if family == "electra" else "pooler"
+  head = family if family in ("electra", "roberta") else "pooler"
   model = Classifier(enc, n_out, 0.0, deterministic=False, head=head)
   pooler = pretrained["sentence"]["pooler"] if family == "bert" else None
   params, fresh = init_params(model, jax.random.key(3), pretrained, pooler)
-  assert fresh == (["classifier", "transform"] if family == "electra" else ["classifier"])
+  assert fresh == (["classifier"] if family == "bert" else ["classifier", "transform"])
   tx = ft.make_tx(config, params, enc, total, warmup)
   step = jax.jit(functools.partial(ft.train_step, model=model, tx=tx))
   initial = jax.tree.map(np.asarray, params)
 
-  cls = transformers.ElectraForSequenceClassification if family == "electra" else transformers.BertForSequenceClassification
+  cls = getattr(transformers, FAMILY_CLASSES[family])
   hf = cls.from_pretrained(dirs[0], num_labels=n_out, attn_implementation="eager")
-  head_map = {"classifier.dense": "transform", "classifier.out_proj": "classifier"} if family == "electra" \
-      else {"classifier": "classifier"}
+  head_map = {"classifier": "classifier"} if family == "bert" else TWO_LAYER_HEAD
   with torch.no_grad():  # the fresh head: ours, in both
     for hf_name, ours in head_map.items():
       module = hf.get_submodule(hf_name)
@@ -120,7 +129,7 @@ def test_finetuning_steps_match_transformers(case, tmp_path):
 
   state = tx.init(params)
   ours, theirs = [], []
-  for t, batch in enumerate(batches(n_out, pre.model.vocab_size)):
+  for t, batch in enumerate(batches(n_out, pre.model.vocab_size, segments=pre.model.type_vocab_size > 1)):
     params, state, loss = step(params, state, batch, jnp.uint32(0), jnp.int32(t))
     ours.append(float(loss))
     label = torch.tensor(batch["label"]) if n_out == 1 else ref.long(batch["label"])
@@ -132,11 +141,10 @@ def test_finetuning_steps_match_transformers(case, tmp_path):
 
   final = jax.tree.map(np.asarray, params)
   prefix = W.PREFIX[family]
-  entries = W.embeddings(prefix) + convert._body(family, pre, prefix)
-  if family == "bert":
-    entries += W.entries_of("pooler", prefix + "pooler.dense")
+  entries = W.entries_of("pooler", prefix + "pooler.dense") if family == "bert" else []
   entries += [e for hf_name, ours_name in head_map.items() for e in W.entries_of(ours_name, hf_name)]
-  mine = W.export_tensors(entries, final)
+  # The encoder as export writes it (RoBERTa: the position table in HF's padding_idx numbering).
+  mine = {**convert.encoder_tensors(pre, final, family, SPECIAL), **W.export_tensors(entries, final)}
   reference = hf.state_dict()
   for key, value in mine.items():
     expected = reference[key].detach().numpy()

@@ -211,3 +211,43 @@ def test_import_defaults_hidden_act_to_the_family_s_transformers_default():
   for family, act in (("albert", "gelu_new"), ("bert", "gelu"), ("roberta", "gelu"), ("electra", "gelu")):
     assert getattr(transformers, f"{family.capitalize()}Config")().hidden_act == act
     assert hf_configs.model_section(hf_config, family)["activation"] == act
+
+
+def _base_model(tmp_path):
+  """A random bare transformers BertModel (encoder + pooler, no heads) saved to tmp_path/hf."""
+  config = transformers.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=48, max_position_embeddings=32)
+  torch.manual_seed(0)
+  base = transformers.BertModel(config).eval()
+  base.save_pretrained(tmp_path / "hf")
+  return base
+
+
+def _same_pooler(base, exported):
+  ids = torch.tensor(np.random.default_rng(0).integers(5, 60, (2, 12)))
+  back = transformers.BertModel.from_pretrained(exported).eval()
+  with torch.no_grad():
+    assert np.abs(back(ids).pooler_output.numpy() - base(ids).pooler_output.numpy()).max() < 1e-5
+  tensors = safetensors_io.read_dir(exported)
+  np.testing.assert_array_equal(tensors["bert.pooler.dense.weight"], base.pooler.dense.weight.detach().numpy())
+  assert convert.read_hf(exported).pooler is not None  # and a re-import keeps it
+
+
+def test_export_keeps_the_pooler_of_an_imported_base_model(tmp_path):
+  """A bare BertModel imported and exported again: the *ForMaskedLM export carries the pooler, so BertModel
+  reads back the same pooler output."""
+  base = _base_model(tmp_path)
+  imported = convert.read_hf(str(tmp_path / "hf"))
+  assert imported.pooler is not None and "sentence" not in imported.params
+  convert.write_hf(imported.config, imported.params, str(tmp_path / "again"), pooler=imported.pooler)
+  _same_pooler(base, str(tmp_path / "again"))
+
+
+@pytest.mark.slow
+def test_export_through_a_workdir_keeps_the_pooler(tmp_path):
+  """The same through the CLI: `import` keeps the pooler in the workdir, `export` writes it."""
+  base = _base_model(tmp_path)
+  work, again = str(tmp_path / "work"), str(tmp_path / "again")
+  _run_cli("import", hf_dir=str(tmp_path / "hf"), workdir=work)
+  _run_cli("export", workdir=work, out=again)
+  _same_pooler(base, again)

@@ -95,3 +95,51 @@ def test_multiple_choice_imports_and_exports_with_transformers_logits(tmp_path):
   with torch.no_grad():
     again = back(t(ids), attention_mask=t(mask), token_type_ids=t(types)).logits.numpy()
   assert np.abs(again - theirs).max() < TOL
+
+
+@pytest.mark.parametrize("family", ["roberta"] + [pytest.param(f, marks=pytest.mark.slow)
+                                                  for f in ("albert", "bert", "electra")])
+def test_sequence_classification_imports_and_exports_with_transformers_logits(family, tmp_path):
+  """*ForSequenceClassification with the family's own head (RoBERTa: dense, tanh, out_proj on <s>, no pooler;
+  BERT and ALBERT: the pooler; ELECTRA: dense, GELU, out_proj) in, out, and as bertjax's classifier directory."""
+  config = transformers.AutoConfig.for_model(family, **{**SIZES, **FAMILIES[family]}, num_labels=3)
+  hf = _random_hf(transformers.AutoModelForSequenceClassification.from_config(config).__class__, config, 2)
+  hf.save_pretrained(tmp_path / "hf")
+  ids, types, mask = _inputs(2)
+  if family == "roberta":
+    types = np.zeros_like(types)
+  run = lambda m: m(torch.tensor(ids), attention_mask=torch.tensor(mask), token_type_ids=torch.tensor(types)).logits
+  with torch.no_grad():
+    theirs = run(hf).numpy()
+  tm = task_models.load(str(tmp_path / "hf"))
+  assert tm.kind == "classification" and tm.model.head == task_models.SEQUENCE_HEADS[family]
+  if family == "roberta":
+    assert "pooler" not in tm.params and sorted(tm.params["transform"]) == ["bias", "kernel"]
+  assert np.abs(_ours(tm, ids, types, mask) - theirs).max() < TOL
+  task_models.write_hf(tm, str(tmp_path / "out"))
+  back = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "out").eval()
+  assert type(back).__name__ == task_models.SEQUENCE_CLASSES[family]
+  with torch.no_grad():
+    assert np.abs(run(back).numpy() - theirs).max() < TOL
+  if family == "roberta":
+    return  # the normal tier's time budget; the directory round trip below is the same code for every family
+  # bertjax's classifier directory (classifier.json: what fine-tuning saves and compress.prune reads)
+  task_models.save(str(tmp_path / "bjx"), tm.kind, tm.config, tm.params, tm.info)
+  assert os.path.isfile(tmp_path / "bjx" / "classifier.json")
+  saved = task_models.load(str(tmp_path / "bjx"))
+  np.testing.assert_allclose(_ours(saved, ids, types, mask), _ours(tm, ids, types, mask), atol=1e-6)
+
+
+def test_auto_head_is_the_checkpoint_family_s_own():
+  """model.head=auto: RoBERTa checkpoints fine-tune with RobertaForSequenceClassification's head, ELECTRA's
+  with ElectraForSequenceClassification's, the rest with BERT's pooler head."""
+  import types
+
+  from bertjax.finetune import classification
+  from conftest import load_config
+
+  config = load_config("configs/finetune.py:tiny")
+  assert config.model.head == "auto"
+  kinds = {spec: classification.head_kind(config, types.SimpleNamespace(config=load_config(f"configs/{spec}.py:tiny")))
+           for spec in ("bert", "roberta", "electra", "albert")}
+  assert kinds == {"bert": "pooler", "roberta": "roberta", "electra": "electra", "albert": "pooler"}

@@ -7,8 +7,9 @@ Really Better than One?"), as library calls and a thin CLI.
 FT is a fine-tuning workdir run with `--config.save_model=True` (its config.json names the task and the
 pretrained checkpoint; `seed_S/model` holds the fine-tuned classifier; `--model=DIR` takes another, e.g. a
 pruned one). Every head has a gate (the encoder's `head_gates`, 1 = on) multiplying its context vectors
-before the output projection. Importance is the dev-set expectation of |dL/d gate| (Michel et al. eq. 3:
-the absolute gradient accumulated batch by batch, as their code does), normalized per layer by its L2 norm.
+before the output projection. Importance is the dev-set expectation of |dL(x)/d gate| over examples x (Michel
+et al. eq. 3: the absolute value of each example's own gradient, then the mean; per-example gradients come from
+one jax.vmap of jax.grad per batch), normalized per layer by its L2 norm (their §4.2).
 `prune` removes the lowest-scored remaining heads, `step_fraction` of all heads at a time, re-scoring the
 remaining heads and re-evaluating after each step; it writes the metric against the share of heads removed
 (prune_curve.json, prune_curve.png) and, with --save_dir, the model pruned at --save_at.
@@ -43,12 +44,17 @@ COMMANDS = ("importance", "prune")
 
 @functools.lru_cache(maxsize=8)
 def _jitted(model, regression: bool):
-  """(outputs fn, gate-gradient fn) of a deterministic Classifier, jitted once per model."""
+  """(outputs fn, per-example gate-gradient fn) of a deterministic Classifier, jitted once per model. The
+  second maps (gates, params, batch) to [batch, layers, heads]: row i is d loss(example i) / d gates, from
+  jax.vmap over the rows of jax.grad of a one-row batch's loss (a padding row, example_weight 0, gives 0)."""
   from bertjax.finetune import train
 
   predict = jax.jit(lambda p, b, g: model.apply({"params": p}, b["input_ids"], b["type_ids"], b["groups"], g))
-  loss = lambda g, p, b: train._loss(p, b, None, model, regression, head_gates=g)
-  return predict, jax.jit(jax.grad(loss))
+
+  def one(g, p, row):  # the loss of one example, as a batch of one
+    return train._loss(p, jax.tree.map(lambda x: x[None], row), None, model, regression, head_gates=g)
+
+  return predict, jax.jit(jax.vmap(jax.grad(one), in_axes=(None, None, 0)))
 
 
 def _batches(arrays, batch_size: int):
@@ -70,17 +76,30 @@ def evaluate(model, params, arrays, gates, metric_names, batch_size: int = 64) -
 
 
 def importance(model, params, arrays, gates, batch_size: int = 64, normalize: bool = True) -> np.ndarray:
-  """Michel et al.'s head importance [layers, heads]: |dL/d gate| summed over the batches of `arrays` (L the
-  mean task loss of a batch) at `gates`, divided by the number of examples; with `normalize`, each layer's
-  scores divided by their L2 norm (their §4.2, which makes layers comparable for global pruning)."""
+  """Michel et al.'s head importance [layers, heads] at `gates` (their eq. 3): the mean over the examples x of
+  `arrays` of |d loss(x) / d gate|, the absolute value taken per example before averaging, so that examples
+  pulling a head in opposite directions do not cancel. With `normalize`, each layer's scores are divided by
+  their L2 norm (their §4.2, which makes layers comparable for global pruning; `normalize_by_layer`)."""
   _, grad = _jitted(model, model.num_outputs == 1)
   total = np.zeros(np.shape(gates), np.float64)
+  g = jnp.asarray(gates, jnp.float32)
   for b in _batches(arrays, batch_size):
-    total += np.abs(np.asarray(grad(jnp.asarray(gates, jnp.float32), params, b), np.float64))
+    total += np.abs(np.asarray(grad(g, params, b), np.float64)).sum(0)
   total /= len(arrays["label"])
-  if normalize:
-    total /= np.maximum(np.linalg.norm(total, axis=1, keepdims=True), 1e-20)
-  return total
+  return normalize_by_layer(total) if normalize else total
+
+
+def normalize_by_layer(scores: np.ndarray) -> np.ndarray:
+  """Each layer's scores divided by their L2 norm (+1e-20, as Michel et al.'s and transformers' code)."""
+  return scores / (np.linalg.norm(scores, axis=1, keepdims=True) + 1e-20)
+
+
+def min_max(scores: np.ndarray) -> np.ndarray:
+  """Scores rescaled to [0, 1] over all heads (transformers' run_bertology.py does this after the per-layer
+  normalization unless --dont_normalize_global_importance; Michel et al.'s code does not). An increasing
+  affine map: the ranking, and so the pruning order, is the same."""
+  span = scores.max() - scores.min()
+  return (scores - scores.min()) / span if span > 0 else np.zeros_like(scores)
 
 
 def prune_curve(model, params, arrays, metric_names, step_fraction: float = 0.1, batch_size: int = 64,
@@ -231,10 +250,10 @@ def run_command(command: str, workdir: str, out: str = "", seed: int = -1, model
   bs = ft["config"].eval_batch_size
   gates = np.ones((model.cfg.num_layers, model.cfg.num_heads), np.float32)
   if command == "importance":
-    scores = importance(model, params, evals, gates, bs)
     raw = importance(model, params, evals, gates, bs, normalize=False)
+    scores = normalize_by_layer(raw)
     result = dict(model=ft["model_dir"], task=ft["config"].task.name, examples=len(evals["label"]),
-                  importance=scores.tolist(), raw_importance=raw.tolist(),
+                  importance=scores.tolist(), raw_importance=raw.tolist(), importance_0_1=min_max(scores).tolist(),
                   ranking=[[int(i // scores.shape[1]), int(i % scores.shape[1])] for i in np.argsort(scores, axis=None)])
     with open(os.path.join(out, "importance.json"), "w") as f:
       json.dump(result, f, indent=2)

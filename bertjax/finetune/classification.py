@@ -32,10 +32,12 @@ def validate(config):
 
 
 def head_kind(config, loaded) -> str:
-  """The head to build: model.head, with auto -> electra for ELECTRA checkpoints, else BERT's pooler."""
+  """The head to build: model.head, with auto -> the checkpoint family's own sequence-classification head
+  (ElectraForSequenceClassification's, RobertaForSequenceClassification's), else BERT's pooler."""
   if config.model.head != "auto":
     return config.model.head
-  return "electra" if hf_configs.family_for(loaded.config) == "electra" else "pooler"
+  family = hf_configs.family_for(loaded.config)
+  return family if family in ("electra", "roberta") else "pooler"
 
 
 def pretrained_pooler(loaded):
@@ -63,7 +65,7 @@ def prepare(config, loaded) -> TaskData:
       eval=eval_arrays,
       info=dict(train_examples=len(train_ex.a), eval_examples=len(evals[0].a), **extra_counts,
                 skipped_rows=train_ex.skipped + sum(ex.skipped for ex in evals), head=head,
-                pooler="pretrained" if pooler is not None and head == "pooler" else "fresh"),
+                pooler="none" if head != "pooler" else "pretrained" if pooler is not None else "fresh"),
       model=dict(num_outputs=len(task_data.label_names(task)) or 1, head=head))
 
 

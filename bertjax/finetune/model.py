@@ -17,7 +17,7 @@ from bertjax.core.errors import UserError
 from bertjax.model.encoder import activation, dense, Embeddings, Encoder, EncoderConfig, token_dropout
 
 
-HEADS = ("pooler", "electra")
+HEADS = ("pooler", "electra", "roberta")
 
 
 class Classifier(nn.Module):
@@ -27,6 +27,8 @@ class Classifier(nn.Module):
            dropout, linear classifier (BertForSequenceClassification, AlbertForSequenceClassification).
   electra  ElectraForSequenceClassification's: dropout, dense, GELU, dropout, linear on [CLS]; all fresh
            (task-specific), no tanh pooler.
+  roberta  RobertaForSequenceClassification's RobertaClassificationHead: dropout, dense, tanh, dropout,
+           linear (its out_proj) on <s>; all fresh, no pooler (RoBERTa's pooler is never used there).
   """
 
   cfg: EncoderConfig
@@ -42,9 +44,9 @@ class Classifier(nn.Module):
     x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic)
     hidden = Encoder(c, self.deterministic, name="encoder")(x, groups, head_gates)
     drop = lambda h: nn.Dropout(self.classifier_dropout)(h, deterministic=self.deterministic)
-    if self.head == "electra":
+    if self.head in ("electra", "roberta"):  # their dense is "transform", their out_proj "classifier"
       h = dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "transform")(drop(hidden[:, 0]))
-      pooled = drop(activation(c, h))
+      pooled = drop(jnp.tanh(h) if self.head == "roberta" else activation(c, h))
     else:
       pooled = drop(jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pooler")(hidden[:, 0])))
     return dense(c, c.hidden_size, self.num_outputs, (sh.EMBED, None), "classifier")(pooled).astype(jnp.float32)

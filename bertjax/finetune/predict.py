@@ -1,12 +1,12 @@
-"""Fine-tuned tagging and multiple-choice models from the command line: tag a sentence, export to transformers,
-import from transformers.
+"""Fine-tuned tagging, multiple-choice and sequence-classification models from the command line: tag a sentence,
+export to transformers, import from transformers.
 
   python -m bertjax.finetune.predict --model=W/seed_0/model --text="Peter Blackburn visited Brussels ."
-  python -m bertjax.finetune.predict --model=W/seed_0/model --export=HF_DIR   # transformers' *For{Token,MultipleChoice}
+  python -m bertjax.finetune.predict --model=W/seed_0/model --export=HF_DIR   # *For{Token,Sequence}Classification, *ForMultipleChoice
   python -m bertjax.finetune.predict --model=HF_DIR --save=DIR                # HF task model -> bertjax task model
 
 --model is a bertjax task model (fine-tuning's WORKDIR/seed_S/model, written with --config.save_model=True)
-or a transformers *ForTokenClassification / BertForMultipleChoice directory.
+or a transformers *ForTokenClassification / *ForSequenceClassification / BertForMultipleChoice directory.
 """
 
 import os

@@ -1,9 +1,10 @@
-"""Fine-tuned token-classification and multiple-choice models on disk: bertjax's own directory (what
-fine-tuning writes to WORKDIR/seed_S/model) and transformers' `*ForTokenClassification` (BERT, RoBERTa,
-ALBERT, ELECTRA) and `BertForMultipleChoice` directories, in and out.
+"""Fine-tuned token-classification, multiple-choice and sequence-classification models on disk: bertjax's own
+directory (what fine-tuning writes to WORKDIR/seed_S/model) and transformers' `*ForTokenClassification`,
+`*ForSequenceClassification` (BERT, RoBERTa, ALBERT, ELECTRA) and `BertForMultipleChoice` directories, in and out.
 
 A bertjax task model is a single-model workdir (interop.workdir.write: config.json, the step-0 params
-checkpoint) plus `task.json` (kind, labels, head dropout and the windowing that goes with the model).
+checkpoint) plus `task.json` (kind, labels, head dropout and the windowing that goes with the model); a
+sequence classifier is finetune.model's (`classifier.json` instead of task.json: what compress.prune reads).
 """
 
 import dataclasses
@@ -18,15 +19,20 @@ import numpy as np
 from bertjax.model import config as model_config
 from bertjax.core.errors import UserError
 from bertjax.finetune import tag_metrics
-from bertjax.finetune.model import MultipleChoice, TokenClassifier, restore_params
+from bertjax.finetune import model as ft_model
+from bertjax.finetune.model import Classifier, MultipleChoice, TokenClassifier, restore_params
 from bertjax.hf import configs, convert, safetensors_io, tokenizers as hf_tokenizers, weights as W
 from bertjax.hf import workdir as wd
 
 TASK_FILE = "task.json"
-KINDS = ("tagging", "multiple_choice")
+KINDS = ("tagging", "multiple_choice", "classification")
 TOKEN_CLASSES = {"bert": "BertForTokenClassification", "roberta": "RobertaForTokenClassification",
                  "albert": "AlbertForTokenClassification", "electra": "ElectraForTokenClassification"}
 CHOICE_CLASSES = {"bert": "BertForMultipleChoice"}
+SEQUENCE_CLASSES = {"bert": "BertForSequenceClassification", "roberta": "RobertaForSequenceClassification",
+                    "albert": "AlbertForSequenceClassification", "electra": "ElectraForSequenceClassification"}
+# The Classifier head each family's *ForSequenceClassification has (finetune.model.Classifier.head).
+SEQUENCE_HEADS = {"bert": "pooler", "albert": "pooler", "roberta": "roberta", "electra": "electra"}
 
 
 @dataclasses.dataclass
@@ -50,6 +56,8 @@ def build(kind: str, run_config, info: dict, cfg=None):
     return TokenClassifier(cfg, len(info["labels"]), dropout, True, tuple(info["labels"]), info.get("scheme", ""))
   if kind == "multiple_choice":
     return MultipleChoice(cfg, 1, dropout, deterministic=True, head="pooler")
+  if kind == "classification":
+    return Classifier(cfg, info["num_outputs"], dropout, deterministic=True, head=info["head"])
   raise UserError(f"task kind {kind!r}; bertjax saves {', '.join(KINDS)}")
 
 
@@ -77,15 +85,23 @@ def save(directory: str, kind: str, run_config, params, info: dict) -> None:
   classifier_dropout, tag scheme; info["tokenizer"] is the spec of the tokenizer to copy)."""
   run_config, info = run_config.copy_and_resolve_references(), dict(info)
   run_config.data.tokenizer = _copy_tokenizer(info.pop("tokenizer", "") or run_config.data.tokenizer, directory)
+  if kind == "classification":  # finetune.model's layout (classifier.json), which compress.prune reads too
+    ft_model.save_model(directory, run_config, build(kind, run_config, info), params)
+    return
   wd.write(directory, run_config, jax.tree.map(np.asarray, params), dict(task=kind))
   with open(os.path.join(directory, TASK_FILE), "w") as f:
     json.dump(dict(info, kind=kind), f, indent=2)
 
 
 def load(directory: str) -> TaskModel:
-  """A task model written by `save`, or a transformers *ForTokenClassification / BertForMultipleChoice
-  directory (imported on the fly)."""
+  """A task model written by `save` (or a classifier by finetune.model.save_model), or a transformers
+  *ForTokenClassification / *ForSequenceClassification / BertForMultipleChoice directory (imported on the fly)."""
   path = os.path.join(directory, TASK_FILE)
+  if os.path.isfile(os.path.join(directory, "classifier.json")):  # finetune.model.save_model's classifier
+    run_config, model, params = ft_model.load_model(directory)
+    spec = run_config.data.get("tokenizer", "")
+    info = dict(head=model.head, num_outputs=model.num_outputs, classifier_dropout=model.classifier_dropout)
+    return TaskModel("classification", run_config, model, params, hf_tokenizers.load_any(spec) if spec else None, info)
   if not os.path.isfile(path):
     hf_dir = not os.path.isdir(os.path.join(directory, "checkpoints"))
     if hf_dir and os.path.isfile(os.path.join(directory, "config.json")):
@@ -108,8 +124,43 @@ def _kind_of(hf: dict, directory: str) -> str:
     return "tagging"
   if any(a.endswith("ForMultipleChoice") for a in archs):
     return "multiple_choice"
-  raise UserError(f"{directory}/config.json names architectures {archs}; bertjax reads *ForTokenClassification "
-                  "and BertForMultipleChoice task models")
+  if any(a.endswith("ForSequenceClassification") for a in archs):
+    return "classification"
+  raise UserError(f"{directory}/config.json names architectures {archs}; bertjax reads *ForTokenClassification, "
+                  "*ForSequenceClassification and BertForMultipleChoice task models")
+
+
+def _sequence_head_entries(head: str, family: str) -> list:
+  """The weight map of a *ForSequenceClassification head: BERT's / ALBERT's pooler and classifier, or
+  RoBERTa's and ELECTRA's classifier.dense and classifier.out_proj (bertjax's transform and classifier)."""
+  if head == "pooler":
+    pooler = W.PREFIX[family] + ("pooler" if family == "albert" else "pooler.dense")
+    return W.entries_of("pooler", pooler) + W.entries_of("classifier", "classifier")
+  return W.entries_of("transform", "classifier.dense") + W.entries_of("classifier", "classifier.out_proj")
+
+
+def _read_sequence_classifier(hf_dir: str, hf: dict, imported, tensors: dict) -> TaskModel:
+  """A *ForSequenceClassification directory as a Classifier task model with the family's own head."""
+  family = imported.family
+  if family not in SEQUENCE_HEADS:
+    raise UserError(f"{family} sequence classifiers are not supported; bertjax reads {', '.join(SEQUENCE_CLASSES.values())}")
+  head = SEQUENCE_HEADS[family]
+  out = "classifier.weight" if head == "pooler" else "classifier.out_proj.weight"
+  if out not in tensors:
+    raise UserError(f"{hf_dir} lacks the sequence-classification head's {out}")
+  n, hidden = int(tensors[out].shape[0]), imported.config.model.hidden_size
+  square = {"kernel": np.zeros((hidden, hidden)), "bias": np.zeros(hidden)}
+  target = {"pooler": square, "transform": square, "classifier": {"kernel": np.zeros((hidden, n)), "bias": np.zeros(n)}}
+  params, missing = W.import_tensors(_sequence_head_entries(head, family), tensors, target)
+  if missing:
+    raise UserError(f"{hf_dir} lacks the sequence-classification head's {missing[0]}")
+  params.update({k: imported.params[k] for k in ("embeddings", "encoder")})
+  dropout = hf.get("classifier_dropout") or hf.get("classifier_dropout_prob") or hf.get("hidden_dropout_prob", 0.1)
+  id2label = hf.get("id2label") or {}
+  info = dict(head=head, num_outputs=n, classifier_dropout=float(dropout), family=family,
+              labels=[id2label.get(str(i), f"LABEL_{i}") for i in range(n)] if n > 1 else [])
+  model = build("classification", imported.config, info)
+  return TaskModel("classification", imported.config, model, jax.tree.map(jnp.asarray, params), imported.tokenizer, info)
 
 
 def read_hf(hf_dir: str) -> TaskModel:
@@ -121,6 +172,8 @@ def read_hf(hf_dir: str) -> TaskModel:
   kind = _kind_of(hf, hf_dir)
   imported = convert.read_hf(hf_dir)
   family = imported.family
+  if kind == "classification":
+    return _read_sequence_classifier(hf_dir, hf, imported, convert._modern_names(safetensors_io.read_dir(hf_dir)))
   if kind == "multiple_choice" and family not in CHOICE_CLASSES:
     raise UserError(f"{family} multiple-choice models are not supported; bertjax reads BertForMultipleChoice")
   tensors = convert._modern_names(safetensors_io.read_dir(hf_dir))
@@ -148,11 +201,12 @@ def read_hf(hf_dir: str) -> TaskModel:
 
 
 def write_hf(task_model: TaskModel, out_dir: str, special=None) -> str:
-  """Exports a task model as transformers' *ForTokenClassification or BertForMultipleChoice directory
-  (config.json with id2label, model.safetensors, the tokenizer files); returns out_dir."""
+  """Exports a task model as transformers' *ForTokenClassification, *ForSequenceClassification or
+  BertForMultipleChoice directory (config.json with id2label, model.safetensors, the tokenizer files);
+  returns out_dir."""
   config, kind = task_model.config, task_model.kind
   family = configs.family_for(config)
-  classes = TOKEN_CLASSES if kind == "tagging" else CHOICE_CLASSES
+  classes = {"tagging": TOKEN_CLASSES, "multiple_choice": CHOICE_CLASSES, "classification": SEQUENCE_CLASSES}[kind]
   if family not in classes:
     raise UserError(f"transformers has no {kind} class bertjax exports for {family}; export supports "
                     f"{', '.join(classes)}")
@@ -163,6 +217,14 @@ def write_hf(task_model: TaskModel, out_dir: str, special=None) -> str:
   if kind == "tagging":
     hf.update(num_labels=len(labels), id2label={str(i): t for i, t in enumerate(labels)},
               label2id={t: i for i, t in enumerate(labels)})
+  if kind == "classification":
+    head, n = task_model.info["head"], task_model.info["num_outputs"]
+    if head != SEQUENCE_HEADS[family]:
+      raise UserError(f"{SEQUENCE_CLASSES[family]} has the {SEQUENCE_HEADS[family]} head; this model was "
+                      f"fine-tuned with model.head={head}, which it cannot hold")
+    names = labels or [f"LABEL_{i}" for i in range(n)]
+    hf.update(num_labels=n, id2label={str(i): t for i, t in enumerate(names)}, label2id={t: i for i, t in enumerate(names)},
+              problem_type="regression" if n == 1 else "single_label_classification")
   hf["classifier_dropout"] = task_model.info.get("classifier_dropout", 0.1)
   if family == "albert":
     hf["classifier_dropout_prob"] = hf["classifier_dropout"]
@@ -171,5 +233,7 @@ def write_hf(task_model: TaskModel, out_dir: str, special=None) -> str:
   entries = W.entries_of("classifier", "classifier")
   if kind == "multiple_choice":
     entries += W.entries_of("pooler", W.PREFIX[family] + "pooler.dense")
+  if kind == "classification":
+    entries = _sequence_head_entries(task_model.info["head"], family)
   tensors.update(W.export_tensors(entries, params))
   return convert.write_dir(out_dir, hf, tensors, tok)

@@ -60,7 +60,7 @@ def run_command(command: str):
     _require(_WORKDIR.value, "workdir", command)
     _require(_OUT.value, "out", command)
     loaded = load(workdir=_WORKDIR.value)
-    for directory in write_hf(loaded.config, loaded.params, _OUT.value, loaded.tokenizer):
+    for directory in write_hf(loaded.config, loaded.params, _OUT.value, loaded.tokenizer, pooler=loaded.pooler):
       print(f"wrote {directory}")
     missing = convert.heads_without_hf(loaded.config)
     if missing:

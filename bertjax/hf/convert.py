@@ -245,8 +245,9 @@ def encoder_tensors(config, params, family: str, special: SpecialIds, generator:
   return tensors
 
 
-def _network(config, params, family: str, generator: bool, special: SpecialIds):
-  """(config.json dict, HF tensors) of one network of a bertjax model."""
+def _network(config, params, family: str, generator: bool, special: SpecialIds, pooler: dict | None = None):
+  """(config.json dict, HF tensors) of one network of a bertjax model; `pooler` (an imported base model's,
+  kept beside the Pretrainer params) is written under the base model's name when no sentence head holds one."""
   # StructBERT's 3-way sentence head has no HF class: the network exports as *ForMaskedLM.
   sentence = "sentence" in params and not generator and "sso" not in config_lib.active_objectives(config)
   if family == "electra":
@@ -260,6 +261,11 @@ def _network(config, params, family: str, generator: bool, special: SpecialIds):
     entries = W.mlm_head("electra", "generator_mlm") if generator else W.rtd_head()
   else:
     entries = W.mlm_head(family) + (W.sentence_head(family, W.PREFIX[family]) if sentence else [])
+  if pooler is not None and not sentence and not generator and family in ("bert", "roberta", "albert"):
+    # *ForMaskedLM has no pooler, but BertModel / RobertaModel / AlbertModel read it from the same file,
+    # and a re-import keeps it for fine-tuning.
+    entries += W.entries_of("pooler", W.PREFIX[family] + ("pooler" if family == "albert" else "pooler.dense"))
+    params = {**params, "pooler": pooler}
   return hf, {**encoder_tensors(config, params, family, special, generator), **W.export_tensors(entries, params)}
 
 
@@ -299,9 +305,10 @@ def write_dir(directory: str, hf_config: dict, tensors: dict, tokenizer: Tokeniz
 
 
 def write_hf(config, params, out_dir: str, tokenizer: Tokenizer | None = None,
-             special: SpecialIds | None = None) -> list:
+             special: SpecialIds | None = None, pooler: dict | None = None) -> list:
   """Exports a bertjax model to HF's layout; returns the directories written (ELECTRA: OUT/discriminator
-  and OUT/generator, each a complete checkpoint)."""
+  and OUT/generator, each a complete checkpoint). `pooler`: the pooler an import kept (inference.Loaded.pooler,
+  from a BertModel / RobertaModel / AlbertModel checkpoint), exported with the MLM model so nothing is lost."""
   build.validate(config)
   special = special or (tokenizer.special if tokenizer else SpecialIds(0, 1, 2, 3, 4))
   family = configs.family_for(config)
@@ -311,6 +318,6 @@ def write_hf(config, params, out_dir: str, tokenizer: Tokenizer | None = None,
   for name, generator in networks:
     directory = os.path.join(out_dir, name) if name else out_dir
     os.makedirs(directory, exist_ok=True)
-    hf, tensors = _network(config, params, family, generator, special)
+    hf, tensors = _network(config, params, family, generator, special, pooler)
     written.append(write_dir(directory, hf, tensors, tokenizer))
   return written
