@@ -102,7 +102,10 @@ def get_config(arg: str = "sst2"):
       head="auto",  # pooler (BERT: tanh pooler, dropout, linear) | electra (dropout, dense, GELU, dropout,
       # linear: ElectraForSequenceClassification) | auto: electra for ELECTRA checkpoints, else pooler
       dtype="float32",  # compute dtype: float32 | bfloat16
-      quantize="",  # int8: quantization-aware fine-tuning and int8 evaluation of the encoder's matmuls (qwix)
+      # int8: quantization-aware fine-tuning and int8 evaluation of the encoder's matmuls (qwix: per-channel
+      # weights, dynamic per-token activations); q8bert: Zafrir et al. 2019 (per-tensor weights, EMA activation
+      # ranges frozen for inference, embeddings, pooler and classifier too; docs/compression.md)
+      quantize="",
   )
   # Optimizer (bertjax.train.optim names).
   c.optimizer = dict(

@@ -21,7 +21,7 @@ from flax import linen as nn
 
 from bertjax.core.errors import UserError
 
-MODES = ("", "int8")
+MODES = ("", "int8", "q8bert")  # model.quantize: float, qwix int8 (this module), Q8BERT (bertjax.compress.q8bert)
 # Every Dense of the encoder (attention q/k/v/output, FFN in/out, the E->H projection); the heads stay float.
 ENCODER_MATMULS = r"encoder/.*"
 
