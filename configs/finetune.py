@@ -103,7 +103,10 @@ def get_config(arg: str = "sst2"):
       # linear: ElectraForSequenceClassification) | roberta (dropout, dense, tanh, dropout, linear on <s>:
       # RobertaForSequenceClassification) | auto: electra / roberta for those checkpoints, else pooler
       dtype="float32",  # compute dtype: float32 | bfloat16
-      quantize="",  # int8: quantization-aware fine-tuning and int8 evaluation of the encoder's matmuls (qwix)
+      # int8: quantization-aware fine-tuning and int8 evaluation of the encoder's matmuls (qwix: per-channel
+      # weights, dynamic per-token activations); q8bert: Zafrir et al. 2019 (per-tensor weights, EMA activation
+      # ranges frozen for inference, embeddings, pooler and classifier too; docs/compression.md)
+      quantize="",
   )
   # Optimizer (bertjax.train.optim names).
   c.optimizer = dict(

@@ -1,12 +1,14 @@
-"""int8 quantization of the encoder's matmuls with Google's qwix: quantization-aware training (QAT) and int8
-inference (Q8BERT, Zafrir et al. 2019: fine-tune with fake int8 quantization, then run in int8).
+"""int8 quantization of the encoder's matmuls with Google's qwix (`model.quantize=int8`): quantization-aware
+training (QAT) and int8 inference. Fine-tuning with fake int8 quantization and then running in int8 is Q8BERT's
+workflow (Zafrir et al. 2019), but the scheme is qwix's, not Q8BERT's: Q8BERT itself (per-tensor weights,
+EMA activation ranges, quantized embeddings and heads) is `model.quantize=q8bert`, bertjax.compress.q8bert.
 
 qwix intercepts the `lax.dot_general` of every `Dense` (bertjax.model.encoder) under the matched module paths:
 with `QtProvider` the forward pass quantizes weights (per output channel) and activations (per token,
 dynamic range, absmax) to int8 and back, with straight-through gradients (QAT); with `PtqProvider` the
 weights are stored as int8 with float scales and the matmuls run on int8 operands. Embedding lookups,
-LayerNorm, softmax and the attention score/context products stay float (Q8BERT quantizes the embedding
-table too; here only the Dense matmuls are).
+LayerNorm, softmax and the attention score/context products stay float (Q8BERT quantizes the word and
+position tables, the pooler and the classifier too; here only the encoder's Dense matmuls are).
 
 qwix computes how to quantize a weight inside one scanned layer, so `int8_params` quantizes the stacked
 per-layer weights one layer at a time (vmap over the layer axis) instead of the stacked array as a whole.
@@ -21,7 +23,7 @@ from flax import linen as nn
 
 from bertjax.core.errors import UserError
 
-MODES = ("", "int8")
+MODES = ("", "int8", "q8bert")  # model.quantize: float, qwix int8 (this module), Q8BERT (bertjax.compress.q8bert)
 # Every Dense of the encoder (attention q/k/v/output, FFN in/out, the E->H projection); the heads stay float.
 ENCODER_MATMULS = r"encoder/.*"
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax.compress import quantize
+from bertjax.compress import q8bert, quantize
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
 from bertjax.finetune import batches, classification, metrics as task_metrics, tasks
@@ -44,7 +44,7 @@ def validate(config):
   _check(config.batch_size > 0 and config.eval_batch_size > 0, "batch sizes must be positive")
   _check(0 < config.optimizer.layerwise_decay <= 1, "optimizer.layerwise_decay must be in (0, 1]")
   _check(config.model.get("quantize", "") in quantize.MODES,
-         f"model.quantize={config.model.get('quantize')!r}; use int8 or leave it empty")
+         f"model.quantize={config.model.get('quantize')!r}; use int8 (qwix), q8bert or leave it empty")
   _check(config.model.dtype in config_lib.DTYPES, f"model.dtype={config.model.dtype!r}; use float32 or bfloat16")
   _check(config.epoch_mode in EPOCH_MODES, f"epoch_mode={config.epoch_mode!r}; use one of {', '.join(EPOCH_MODES)}")
   _check(config.optimizer.schedule in optim.SCHEDULES,
@@ -119,7 +119,18 @@ def batch_loss(params, batch, rng, model, task_loss, head_gates=None):
   `head_gates` [layers, heads] for bertjax.compress.prune's importance."""
   out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"],
                     *(() if head_gates is None else (head_gates,)), rngs={"dropout": rng} if rng is not None else {})
-  per = task_loss(out, batch)
+  return _mean_loss(task_loss(out, batch), batch)
+
+
+def stateful_loss(params, state, batch, rng, model, task_loss):
+  """(batch_loss, the updated `state`): for a model whose forward pass updates non-trainable collections
+  (`state`, e.g. q8bert's activation ranges), applied with them mutable."""
+  out, state = model.apply({"params": params, **state}, batch["input_ids"], batch["type_ids"], batch["groups"],
+                           rngs={"dropout": rng} if rng is not None else {}, mutable=list(state))
+  return _mean_loss(task_loss(out, batch), batch), state
+
+
+def _mean_loss(per, batch):
   num, den = per if isinstance(per, tuple) else (per, jnp.ones_like(per))
   w = batch["example_weight"]
   return (num * w).sum() / jnp.maximum((den * w).sum(), 1.0)
@@ -132,30 +143,37 @@ def _loss(params, batch, rng, model, regression: bool, head_gates=None):
   return batch_loss(params, batch, rng, model, classification.loss, head_gates)
 
 
-def train_step(params, opt_state, batch, seed, step, *, model, tx, task_loss=classification.loss):
-  """One AdamW step; dropout randomness is fold_in(seed, step) (seed traced: one compile for all seeds)."""
+def train_step(params, opt_state, batch, seed, step, state=None, *, model, tx, task_loss=classification.loss):
+  """One AdamW step; dropout randomness is fold_in(seed, step) (seed traced: one compile for all seeds).
+  With `state` (non-trainable collections the forward pass updates: q8bert's ranges) the updated state is
+  returned fourth."""
   rng = jax.random.fold_in(jax.random.key(seed), step)
-  loss, grads = jax.value_and_grad(batch_loss)(params, batch, rng, model, task_loss)
+  if state is None:
+    loss, grads = jax.value_and_grad(batch_loss)(params, batch, rng, model, task_loss)
+  else:
+    (loss, state), grads = jax.value_and_grad(stateful_loss, has_aux=True)(params, state, batch, rng, model,
+                                                                           task_loss)
   updates, opt_state = tx.update(grads, opt_state, params)
-  return optax.apply_updates(params, updates), opt_state, loss
+  out = optax.apply_updates(params, updates), opt_state, loss
+  return out if state is None else (*out, state)
 
 
 @functools.lru_cache(maxsize=4)
 def _predict_fn(model):
-  return jax.jit(lambda p, b: model.apply({"params": p}, b["input_ids"], b["type_ids"], b["groups"]))
+  return jax.jit(lambda v, b: model.apply(v, b["input_ids"], b["type_ids"], b["groups"]))
 
 
 def predict(params, arrays, model, batch_size: int, layout: batches.Layout | None = None,
-            position_axis: int | None = None) -> np.ndarray:
+            position_axis: int | None = None, state: dict | None = None) -> np.ndarray:
   """Model outputs [N, ...] over a whole split, in its row order. With a `layout`, batches of rows sorted
   by length, each cut to its bucket; outputs with a sequence axis (`position_axis`) are padded back to the
-  split's width with 0."""
-  apply = _predict_fn(model)
+  split's width with 0. `state`: further variable collections, read only (q8bert's frozen ranges)."""
+  apply = functools.partial(_predict_fn(model), {"params": params, **(state or {})})
   layout = layout or batches.fixed_layout(arrays)
   width = np.shape(arrays["input_ids"])[-1]
   order, outs = [], []
   for rows, b in batches.eval_batches(arrays, batch_size, layout):
-    out = np.asarray(apply(params, {k: b[k] for k in ("input_ids", "type_ids", "groups")}))[:len(rows)]
+    out = np.asarray(apply({k: b[k] for k in ("input_ids", "type_ids", "groups")}))[:len(rows)]
     if position_axis is not None and out.shape[position_axis] < width:
       pad = [(0, 0)] * out.ndim
       pad[position_axis] = (0, width - out.shape[position_axis])
@@ -169,14 +187,18 @@ def predict(params, arrays, model, batch_size: int, layout: batches.Layout | Non
 
 
 def evaluator(config, eval_model, arrays, layout: batches.Layout | None = None, position_axis: int | None = None):
-  """params -> model outputs over `arrays` (`predict`): the float model, or with model.quantize=int8 the
-  int8 model (int8 weights and matmuls in the encoder) made from the params."""
-  run = lambda model, params: predict(params, arrays, model, config.eval_batch_size, layout, position_axis)
+  """(params, state=None) -> model outputs over `arrays` (`predict`): the float model; with model.quantize=int8
+  the qwix int8 model (int8 weights and matmuls in the encoder) made from the params; with q8bert the Q8BERT
+  int8 model with the ranges in `state` frozen."""
+  run = lambda model, params, state=None: predict(params, arrays, model, config.eval_batch_size, layout,
+                                                  position_axis, state)
   if not config.model.quantize:
-    return lambda params: run(eval_model, params)
+    return lambda params, state=None: run(eval_model, params)
+  if config.model.quantize == "q8bert":
+    return functools.partial(run, q8bert.model(eval_model))
   q = quantize.int8(eval_model)
   ids = np.zeros((1, 8), np.int32)
-  return lambda params: run(q, quantize.int8_params(q, params, ids, ids, ids + 1))
+  return lambda params, state=None: run(q, quantize.int8_params(q, params, ids, ids, ids + 1))
 
 
 def seed_start(config, seed: int, setup: dict) -> tuple:
@@ -194,12 +216,17 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   eval_model = train_model.clone(deterministic=True)
   outputs_of = evaluator(config, eval_model, setup["eval"], setup["eval_layout"],
                          getattr(task, "OUTPUT_POSITION_AXIS", None))
-  if config.model.quantize:  # QAT: int8 fake quantization of the encoder's matmuls, straight-through gradients
+  state = None  # non-trainable collections the training forward pass updates
+  if config.model.quantize == "int8":  # QAT: int8 fake quantization of the encoder's matmuls (qwix), STE gradients
     train_model = quantize.qat(train_model)
+  elif config.model.quantize == "q8bert":  # QAT: fake quantization with EMA ranges (bertjax.compress.q8bert)
+    train_model = q8bert.model(train_model)
+    ids = np.zeros((1, 8), np.int32)
+    state = q8bert.init_ranges(train_model, ids, ids, ids + 1)
   tx = make_tx(config, params, setup["cfg"], total, warmup)
   opt_state = tx.init(params)
   step_fn = setup.setdefault("step_fn", jax.jit(functools.partial(train_step, model=train_model, tx=tx,
-                                                                  task_loss=task.loss), donate_argnums=(0, 1)))
+                                                                  task_loss=task.loss), donate_argnums=(0, 1, 5)))
   seed_dir = os.path.join(workdir, f"seed_{seed}")
   os.makedirs(seed_dir, exist_ok=True)
   writer = MetricWriter(seed_dir)
@@ -210,7 +237,8 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   result = {}
   for step in range(total):
     batch = train_batch(train, step, config, seed, layout)
-    params, opt_state, loss = step_fn(params, opt_state, batch, jnp.uint32(seed), jnp.int32(step))
+    params, opt_state, loss, *new_state = step_fn(params, opt_state, batch, jnp.uint32(seed), jnp.int32(step), state)
+    state = new_state[0] if new_state else None
     losses.append(loss)
     computed, real_now = batch["input_ids"].size, int(np.count_nonzero(batch["groups"]))
     positions, real, positions_all, real_all = positions + computed, real + real_now, positions_all + computed, \
@@ -226,7 +254,7 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
     if (config.eval_every and done % config.eval_every == 0) or done == total:
       jax.block_until_ready(params)  # the steps still in flight are training time
       t_eval = time.time()
-      result = task.evaluate(outputs_of(params), setup["data"], config, seed_dir)
+      result = task.evaluate(outputs_of(params, state), setup["data"], config, seed_dir)
       writer.write(done, {f"eval/{k}": v for k, v in result.items()})
       seconds_eval += time.time() - t_eval
   writer.close()
@@ -236,6 +264,8 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
                                              eval_seconds=seconds_eval, real_token_share=real_all / positions_all))
   if config.save_model and hasattr(task, "save_model"):
     task.save_model(os.path.join(seed_dir, MODEL_DIR), setup["run_config"], eval_model, params)
+    if state is not None:  # the learned ranges travel with the model (q8bert.load_ranges reads them)
+      q8bert.save_ranges(os.path.join(seed_dir, MODEL_DIR), state)
   return result
 
 
@@ -248,6 +278,8 @@ def prepare(config) -> dict:
   cfg = encoder_config(config, loaded)
   _check(config.seq_len + cfg.position_offset <= cfg.max_positions,
          f"seq_len={config.seq_len} exceeds the checkpoint's {cfg.max_positions} positions; lower --config.seq_len")
+  _check(config.model.quantize != "q8bert" or cfg.sharing == "none",
+         f"model.quantize=q8bert needs unshared layers; this checkpoint shares them (sharing={cfg.sharing})")
   data = task.prepare(config, loaded)
   total, warmup = step_counts(config, len(data.train["input_ids"]))
   return dict(

@@ -32,6 +32,10 @@ def layers_per_iteration(c) -> int:
   return c.scan_unroll or (c.num_layers if c.num_layers <= UNROLL_MAX_LAYERS else 1)
 
 
+# Non-trainable state a quantizer keeps per layer (bertjax.compress.q8bert's activation ranges): stacked
+# along the layer scan like the params.
+QUANT_RANGES = "quant_ranges"
+
 REMAT_POLICIES = {
     "none": None,  # keep every activation: fastest, most memory
     "full": jax.checkpoint_policies.nothing_saveable,  # recompute the whole layer in the backward pass
@@ -271,8 +275,14 @@ class Dense(nn.Module):
     n_in = len(self.in_shape)
     kernel = self.param("kernel", _init(self.cfg, self.names), self.in_shape + self.out_shape)
     bias = self.param("bias", _zeros(self.names[n_in:]), self.out_shape)
+    return self.product(x, kernel, bias)
+
+  def product(self, x, kernel, bias):
+    """x @ kernel + bias in the compute dtype. A method of its own so that a quantizer can intercept it with
+    its operands in hand (flax nn.intercept_methods; bertjax.compress.q8bert)."""
     # flax's promote_dtype (as nn.Dense calls it): quantization libraries intercept it (qwix: bertjax.compress.quantize).
     x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.cfg.dtype)
+    n_in = len(self.in_shape)
     return tokens_matmul(x, kernel, n_in, flat_kernel=not self.cfg.quantizable) + bias.astype(self.cfg.dtype)
 
 
@@ -318,14 +328,20 @@ class Embeddings(nn.Module):
 
   def __call__(self, input_ids, type_ids, deterministic: bool, position_ids=None):
     """position_ids [B, S] restart the positions of packed examples; default 0..S-1 (+ offset)."""
-    x = jnp.take(self.word, input_ids, axis=0)
+    word, position, type_table = self.tables()
+    x = jnp.take(word, input_ids, axis=0)
     if position_ids is None:
-      pos = self.position[None, self.cfg.position_offset : self.cfg.position_offset + input_ids.shape[1]]
+      pos = position[None, self.cfg.position_offset : self.cfg.position_offset + input_ids.shape[1]]
     else:
-      pos = jnp.take(self.position, position_ids + self.cfg.position_offset, axis=0)
-    x = x + pos + (jnp.take(self.type, type_ids, axis=0) if self.cfg.type_vocab_size else 0)
+      pos = jnp.take(position, position_ids + self.cfg.position_offset, axis=0)
+    x = x + pos + (jnp.take(type_table, type_ids, axis=0) if self.cfg.type_vocab_size else 0)
     x = self.drop(self.ln(x), deterministic=deterministic)
     return x.astype(self.cfg.dtype)
+
+  def tables(self):
+    """(word, position, segment or None) tables as the lookups read them: a method of its own so that a
+    quantizer can intercept it (flax nn.intercept_methods; bertjax.compress.q8bert)."""
+    return self.word, self.position, self.type if self.cfg.type_vocab_size else None
 
   def attend(self, x):
     """Logits against the word embeddings: the MLM decoder tied to the input embeddings."""
@@ -479,7 +495,7 @@ class Encoder(Block):
       layer = nn.remat(Layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
     scanned = nn.scan(
         layer,
-        variable_axes={"params": 0, "intermediates": 0},
+        variable_axes={"params": 0, "intermediates": 0, QUANT_RANGES: 0},
         split_rngs={"params": True, "dropout": True},
         in_axes=(0, nn.broadcast, nn.broadcast, 0),
         length=c.num_layers,
