@@ -189,3 +189,15 @@ def test_heads_commands_write_importance_and_the_pruning_curve(finetuned, tmp_pa
   assert heads.evaluate(ft["model"], ft["params"], ft["eval"], ones, ["accuracy"]) == {"accuracy": curve[2]["accuracy"]}
   with pytest.raises(heads.UserError, match="already holds a model"):
     heads.run_command("prune", finetuned, out, save_dir=save)
+
+
+def test_a_fine_tuned_classifier_exports_with_its_checkpoint_s_tokenizer(finetuned, tmp_path):
+  """`python -m bertjax.finetune.predict --model=W/seed_0/model --export=DIR`'s calls: the saved classifier reads
+  back as a task model whose tokenizer is the one fine-tuning started from, and exports with it."""
+  from bertjax.finetune import task_models
+
+  tm = task_models.load(os.path.join(finetuned, "seed_0", ft_model.MODEL_DIR))
+  assert tm.kind == "classification" and tm.model.head == "pooler" and tm.tokenizer is not None
+  out = task_models.write_hf(tm, str(tmp_path / "hf"))
+  assert json.load(open(os.path.join(out, "config.json")))["architectures"] == ["BertForSequenceClassification"]
+  assert os.path.isfile(os.path.join(out, "vocab.txt"))

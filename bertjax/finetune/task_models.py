@@ -99,9 +99,8 @@ def load(directory: str) -> TaskModel:
   path = os.path.join(directory, TASK_FILE)
   if os.path.isfile(os.path.join(directory, "classifier.json")):  # finetune.model.save_model's classifier
     run_config, model, params = ft_model.load_model(directory)
-    spec = run_config.data.get("tokenizer", "")
     info = dict(head=model.head, num_outputs=model.num_outputs, classifier_dropout=model.classifier_dropout)
-    return TaskModel("classification", run_config, model, params, hf_tokenizers.load_any(spec) if spec else None, info)
+    return TaskModel("classification", run_config, model, params, _classifier_tokenizer(directory, run_config), info)
   if not os.path.isfile(path):
     hf_dir = not os.path.isdir(os.path.join(directory, "checkpoints"))
     if hf_dir and os.path.isfile(os.path.join(directory, "config.json")):
@@ -116,6 +115,23 @@ def load(directory: str) -> TaskModel:
   spec = run_config.data.tokenizer
   tok = hf_tokenizers.load_any(spec) if spec else None
   return TaskModel(info["kind"], run_config, model, params, tok, info)
+
+
+def _classifier_tokenizer(directory: str, run_config):
+  """The tokenizer of a saved classifier: its config's data.tokenizer, else (fine-tuning's WORKDIR/seed_S/model)
+  that of the checkpoint the fine-tuning workdir started from (its config.json's init.checkpoint), else None."""
+  spec = run_config.data.get("tokenizer", "")
+  if not spec:
+    parent = os.path.join(directory, os.pardir, os.pardir, "config.json")
+    checkpoint = ""
+    if os.path.isfile(parent):
+      with open(parent) as f:
+        checkpoint = json.load(f).get("init", {}).get("checkpoint", "")
+    if checkpoint and hf_tokenizers.has_tokenizer(checkpoint):
+      return hf_tokenizers.from_dir(checkpoint)
+    if checkpoint and os.path.isfile(os.path.join(checkpoint, "config.json")):
+      spec = wd.load_config(checkpoint).data.get("tokenizer", "")
+  return hf_tokenizers.load_any(spec) if spec else None
 
 
 def _kind_of(hf: dict, directory: str) -> str:
