@@ -66,6 +66,7 @@ def finetune_config(args, task: str, data_dir: str, seed: int):
   c.seed, c.seeds, c.batch_size, c.seq_len, c.epochs = seed, 1, args.batch_size, args.seq_len or TASKS[task][3], 3.0
   c.learning_rate, c.warmup_fraction, c.epoch_mode = args.lr, 0.1, "transformers"
   c.optimizer.schedule, c.optimizer.eps, c.optimizer.weight_decay = "linear_after_warmup", 1e-6, 0.01
+  c.optimizer.bias_correction = True  # torch.optim.AdamW's rule (the GLUE presets default to BERT's, without)
   c.model.classifier_dropout = c.model.dropout = c.model.attention_dropout = args.dropout
   c.init.checkpoint, c.task.source = args.checkpoint, f"tsv:{data_dir}"
   c.log_every = 10_000

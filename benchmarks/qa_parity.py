@@ -84,6 +84,7 @@ def bertjax_config(args, version: str, data_dir: str, seed: int):
   c.batch_size, c.epochs, c.learning_rate, c.warmup_steps = 16, 2.0, 3e-5, 0  # run_qa.py / the recipe
   c.epoch_mode, c.optimizer.schedule = "transformers", "linear_after_warmup"
   c.optimizer.weight_decay, c.optimizer.eps, c.log_every = 0.0, 1e-8, 1000
+  c.optimizer.bias_correction = True  # run_qa.py's torch AdamW (the squad presets default to BERT's rule, without)
   return c
 
 
