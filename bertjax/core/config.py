@@ -62,6 +62,7 @@ def defaults() -> ml_collections.ConfigDict:
       scheme="token",  # token | whole_word | ngram | span
       mask_prob=0.15,
       max_predictions=0,  # MLM slots per example (the budget); 0: ceil(seq_len x mask_prob)
+      eval_mask_prob=0.0,  # masking rate of the eval batches; 0: mask_prob (ModernBERT trains at 30%, evaluates at 15%)
       mask_token_prob=0.8,  # of the chosen tokens: share replaced by [MASK]
       random_token_prob=0.1,  # ... by a random token (the rest stay as they are)
       max_ngram=3,  # ngram scheme
@@ -107,7 +108,8 @@ def defaults() -> ml_collections.ConfigDict:
       eps=1e-6,
       weight_decay=0.01,  # not applied to biases and LayerNorm
       clip_norm=1.0,  # global gradient norm
-      schedule="linear",  # linear (BERT/ALBERT) | linear_after_warmup (RoBERTa) | electra | cosine | poly_sqrt: bertjax.train.optim
+      schedule="linear",  # linear (BERT/ALBERT) | linear_after_warmup (RoBERTa) | electra | cosine | poly_sqrt | wsd: bertjax.train.optim
+      decay_fraction=0.2,  # wsd: share of total_steps in the final 1-sqrt decay (Hägele et al. 2024: 20%)
   )
   # Logging, checkpoints, eval.
   c.log_every = 100
@@ -223,6 +225,21 @@ def warmup_steps(config) -> int:
 def max_predictions(config) -> int:
   """The MLM slots gathered per example (static shape): masking.max_predictions, or `mlm_slots`."""
   return config.masking.max_predictions or mlm_slots(config.seq_len, config.masking.mask_prob)
+
+
+def eval_mask_prob(config) -> float:
+  """The masking rate of eval batches: masking.eval_mask_prob, or the training rate."""
+  return config.masking.get("eval_mask_prob", 0.0) or config.masking.mask_prob
+
+
+def eval_max_predictions(config) -> int:
+  """The MLM slots of an eval example: the training budget when eval masks at the training rate, else
+  ceil(seq_len x eval_mask_prob) (never more than the training budget: a config's explicit
+  max_predictions caps both)."""
+  if eval_mask_prob(config) == config.masking.mask_prob:
+    return max_predictions(config)
+  slots = mlm_slots(config.seq_len, eval_mask_prob(config))
+  return min(slots, config.masking.max_predictions) if config.masking.max_predictions else slots
 
 
 def mlm_slots(seq_len: int, mask_prob: float) -> int:

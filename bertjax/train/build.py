@@ -131,8 +131,10 @@ def step_config(config, special: SpecialIds) -> step_lib.StepConfig:
   if not config.get("teacher") and any(k.startswith("distill_") for k in config_lib.active_objectives(config)):
     raise UserError("the distill_* objectives need a teacher: set --config.teacher to a bertjax workdir or an HF "
                     "checkpoint (python -m bertjax.distill)")
+  train_masking, eval_masking = masking.make_config(config, special), masking.make_config(config, special, True)
   return step_lib.StepConfig(
-      seed=config.seed, masking=masking.make_config(config, special),
+      seed=config.seed, masking=train_masking,
+      eval_masking=None if eval_masking == train_masking else eval_masking,
       objectives=tuple(config_lib.active_objectives(config).items()), grad_accum_steps=config.grad_accum_steps,
       report_every=config.log_every, report_at=tuple(p.end for p in config_lib.phases(config)))
 

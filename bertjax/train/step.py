@@ -60,6 +60,9 @@ class StepConfig:
   # `report_at` (phase ends). Only they compute param_norm and update_norm, two passes over the parameters.
   report_every: int = 1
   report_at: tuple = ()
+  # Eval batches' masking when it differs from training's (masking.eval_mask_prob: ModernBERT trains at 30% and
+  # evaluates at 15%); None: the training masking.
+  eval_masking: Any = None
 
 
 def reports(done, cfg: StepConfig):
@@ -70,9 +73,11 @@ def reports(done, cfg: StepConfig):
   return report
 
 
-def apply_masking(rng, batch, cfg: StepConfig):
-  """The batch with MLM masking applied on device (original ids kept for labels and RTD)."""
-  masked = masking.mask_batch(rng, batch["input_ids"], batch["word_start"], cfg.masking)
+def apply_masking(rng, batch, cfg: StepConfig, evaluation: bool = False):
+  """The batch with MLM masking applied on device (original ids kept for labels and RTD); `evaluation`: with the
+  eval masking (cfg.eval_masking, where set)."""
+  scheme = cfg.eval_masking if evaluation and cfg.eval_masking is not None else cfg.masking
+  masked = masking.mask_batch(rng, batch["input_ids"], batch["word_start"], scheme)
   out = dict(batch, original_ids=batch["input_ids"], **masked)
   for key in ("mlm_weights", "span_weights", "wso_weights"):  # padded eval rows weigh 0
     if key in out:
@@ -87,7 +92,7 @@ def training_batch(batch, step, cfg: StepConfig):
 
 def eval_batch(batch, index, cfg: StepConfig):
   """The masked batch that `eval_step` scores for eval batch `index` (the same in every run)."""
-  return apply_masking(stream_key(EVAL_SEED, index, "eval/masking"), batch, cfg)
+  return apply_masking(stream_key(EVAL_SEED, index, "eval/masking"), batch, cfg, evaluation=True)
 
 
 def _loss_fn(params, batch, rngs, model, cfg: StepConfig, *, deterministic: bool, denominators=None):
