@@ -17,7 +17,7 @@ from flax import linen as nn
 from bertjax import objectives as objectives_lib
 from bertjax.core import config as config_lib, sharding
 from bertjax.core.errors import UserError
-from bertjax.data import instances
+from bertjax.data import instances, prepare_lib
 from bertjax.data.tokenizer import SpecialIds
 from bertjax.model import attention as attention_lib, config as model_config
 from bertjax.model.pretrain import Pretrainer
@@ -103,9 +103,12 @@ def host_batch_spec(config, batch_size: int) -> dict:
   """Shapes and dtypes of the batches the loader yields (what the jitted steps take)."""
   s = config.seq_len
   sds = jax.ShapeDtypeStruct
-  return dict(input_ids=sds((batch_size, s), jnp.int32), type_ids=sds((batch_size, s), jnp.int32),
+  spec = dict(input_ids=sds((batch_size, s), jnp.int32), type_ids=sds((batch_size, s), jnp.int32),
               word_start=sds((batch_size, s), jnp.bool_), groups=sds((batch_size, s), jnp.int32),
               sentence_label=sds((batch_size,), jnp.int32), example_weight=sds((batch_size,), jnp.float32))
+  if prepare_lib.resolve_format(config) == "packed":  # packed rows restart positions per example
+    spec["position_ids"] = sds((batch_size, s), jnp.int32)
+  return spec
 
 
 def init_params(model: Pretrainer, config, rng):
