@@ -97,6 +97,16 @@ def defaults() -> ml_collections.ConfigDict:
       # GPU, splash on TPU, xla on CPU; fused kernels need attention_dropout=0, else auto keeps xla.
       attention="auto",
       head_size=0,  # width of one attention head; 0: hidden_size / num_heads (a head-pruned model sets it)
+      # ModernBERT-class encoders (docs/modernbert.md); these defaults are BERT's.
+      position="learned",  # learned (absolute table) | rope (rotary positions from position_ids, no table)
+      rope_theta=160_000.0,  # RoPE base of global-attention layers
+      local_rope_theta=10_000.0,  # RoPE base of local (sliding-window) layers
+      ffn="mlp",  # mlp | geglu (gated: intermediate_size is the width of each of the two halves)
+      norm="post",  # post (BERT) | pre (LN before each block, first layer's attention LN skipped, final LN)
+      use_bias=True,  # biases of the encoder's dense layers, LayerNorms and MLM transform (the decoder keeps its own)
+      local_window=0,  # window of local layers (tokens at most local_window // 2 away are seen); 0: all global
+      global_every=1,  # with local_window: layer i is global when i % global_every == 0, else local
+      layer_types="",  # explicit per-layer pattern overriding global_every: "global,local,local,..."
   )
   # Objectives: name -> weight; 0 switches one off.
   c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0)
