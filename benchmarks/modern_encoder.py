@@ -1,12 +1,14 @@
 """ModernBERT-class encoders on real text (issue #37): unpadding, speed against transformers, learning curves.
 
-  python benchmarks/modern_encoder.py                                   # all three parts (~30 min on 2 cores)
-  python benchmarks/modern_encoder.py --parts=a,b --steps=3 --rounds=2  # the two speed ratios only, quick
-  python benchmarks/modern_encoder.py --parts=c --curve_steps=300 --json=/tmp/modern.json
+  python benchmarks/modern_encoder.py                                   # all three parts (~40 min on 2 busy cores)
+  python benchmarks/modern_encoder.py --parts=a,b --steps=3 --rounds=2  # the two speed ratios only
+  python benchmarks/modern_encoder.py --parts=c --curve_steps=200 --json=/tmp/modern.json
+  python benchmarks/modern_encoder.py --layers=4 --hidden=256 --batch_size=8   # larger, for a quieter machine
 
 Data: `--corpus` (default ../shared/data/pretrain/{wiki,books}-00.txt: Wikipedia articles and books, one
 paragraph a line, blank lines between documents), prepared once under `--work_dir` into `packed` rows of
-`--seq_len` with a BPE SentencePiece vocabulary of `--vocab` trained on it (`python -m bertjax.data.prepare`'s
+`--seq_len` (ModernBERT's 1,024; (c): `--curve_seq_len`) with a BPE SentencePiece vocabulary of `--vocab` trained
+on it (`python -m bertjax.data.prepare`'s
 code path). An example is a run of whole sentences of one document, at most seq_len - 2 tokens (a document
 longer than that gives several); the packed rows put several examples side by side, each with its own group
 (attention stays inside it) and positions restarting at 0 (RoPE restarts).
@@ -44,15 +46,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 
-def modern_config(args):
-  """configs/modernbert.py:tiny at the benchmark's sizes (heads of 64, GeGLU width 8H/3 rounded to 64)."""
+def modern_config(args, curve: bool = False):
+  """configs/modernbert.py:tiny at the benchmark's sizes (heads of 64, GeGLU width 8H/3 rounded to 32, so that
+  its 3 x H x width parameters match an MLP's 2 x H x 4H); `curve`: at (c)'s length, window and batch."""
   from bertjax.core import config as config_lib
 
   c = config_lib.load(os.path.join(REPO, "configs/modernbert.py:tiny"))
   c.model.num_layers, c.model.hidden_size, c.model.num_heads = args.layers, args.hidden, max(1, args.hidden // 64)
-  c.model.intermediate_size = max(64, round(8 * args.hidden / 3 / 64) * 64)
-  c.model.local_window, c.model.global_every = args.window, 3  # ModernBERT's: 128, global every third layer
-  _common(c, args)
+  c.model.intermediate_size = max(32, round(8 * args.hidden / 3 / 32) * 32)
+  # ModernBERT's: a 128-token window, global every third layer (layer 0 global).
+  c.model.local_window, c.model.global_every = (args.curve_window if curve else args.window), 3
+  _common(c, args, curve)
   return c
 
 
@@ -62,16 +66,16 @@ def bert_config(args):
 
   c = config_lib.load(os.path.join(REPO, "configs/bert.py:tiny"))
   c.model.num_layers, c.model.hidden_size, c.model.num_heads = args.layers, args.hidden, max(1, args.hidden // 64)
-  c.model.intermediate_size, c.model.max_positions = 4 * args.hidden, args.seq_len
+  c.model.intermediate_size, c.model.max_positions = 4 * args.hidden, args.curve_seq_len
   c.objectives.nsp = 0.0  # the same rows as ModernBERT's (NSP needs pairs)
   c.model.dropout = c.model.attention_dropout = 0.0  # as ModernBERT's released config: equal regularization
-  _common(c, args)
+  _common(c, args, True)
   return c
 
 
-def _common(c, args):
-  c.model.vocab_size, c.model.dtype = args.vocab, "float32"
-  c.batch_size, c.seq_len, c.seed = args.batch_size, args.seq_len, args.seed
+def _common(c, args, curve: bool):
+  c.model.vocab_size, c.model.dtype, c.seed = args.vocab, "float32", args.seed
+  c.batch_size, c.seq_len = (args.curve_batch_size, args.curve_seq_len) if curve else (args.batch_size, args.seq_len)
   c.total_steps, c.warmup_steps, c.warmup_fraction = args.curve_steps, -1, 0.1
   c.learning_rate = args.lr
   c.masking.eval_mask_prob = 0.15  # eval at 15% for both (ModernBERT: yamls/modernbert eval_loader)
@@ -86,12 +90,20 @@ def prepared(config, work_dir: str):
 
   from bertjax.data import prepare_lib
 
+  import shutil
+
   key = zlib.crc32(config.data.source.encode())
   out = os.path.join(work_dir, f"shards-{key:08x}-v{config.model.vocab_size}-s{config.seq_len}")
+  tokenizer = os.path.join(work_dir, f"tokenizer-{key:08x}-v{config.model.vocab_size}.model")
   if not os.path.isfile(os.path.join(out, "metadata.json")):
+    if os.path.isfile(tokenizer):  # another length of the same corpus: the same vocabulary, trained once
+      config = config.copy_and_resolve_references()
+      config.data.tokenizer = f"spm:{tokenizer}"
     t0 = time.time()
     meta = prepare_lib.prepare(config, out, workers=os.cpu_count() or 1, overwrite=True)
     print(prepare_lib.summary(meta, out), f"({time.time() - t0:.0f} s)", flush=True)
+  if not os.path.isfile(tokenizer):
+    shutil.copy(os.path.join(out, "tokenizer.model"), tokenizer)
   shards = config.copy_and_resolve_references()
   shards.data.source = f"shards:{out}"
   return shards
@@ -321,17 +333,20 @@ def main():
   p.add_argument("--parts", default="a,b,c", help="which parts to run: a (unpadding), b (vs transformers), c (curves)")
   p.add_argument("--corpus", default=os.path.join(REPO, "..", "shared", "data", "pretrain", "*-00.txt"))
   p.add_argument("--work_dir", default="/tmp/bertjax-modern-encoder")
-  p.add_argument("--layers", type=int, default=4)
-  p.add_argument("--hidden", type=int, default=256)
-  p.add_argument("--window", type=int, default=128, help="local attention window (ModernBERT: 128)")
+  p.add_argument("--layers", type=int, default=3, help="layers of every model (3: one global, two local)")
+  p.add_argument("--hidden", type=int, default=128)
+  p.add_argument("--window", type=int, default=128, help="(a), (b): local attention window (ModernBERT: 128)")
   p.add_argument("--vocab", type=int, default=8000)
-  p.add_argument("--seq_len", type=int, default=512)
-  p.add_argument("--batch_size", type=int, default=8)
+  p.add_argument("--seq_len", type=int, default=1024, help="(a), (b): row length (ModernBERT's pretraining: 1,024)")
+  p.add_argument("--batch_size", type=int, default=4, help="(a), (b): rows per batch")
+  p.add_argument("--curve_seq_len", type=int, default=128, help="(c): row length")
+  p.add_argument("--curve_batch_size", type=int, default=16, help="(c): rows per batch")
+  p.add_argument("--curve_window", type=int, default=32, help="(c): ModernBERT's window (1/4 of the rows)")
   p.add_argument("--batches", type=int, default=4, help="(a), (b): distinct batches the timed steps cycle over")
   p.add_argument("--steps", type=int, default=5, help="(a), (b): timed steps per side and round")
   p.add_argument("--rounds", type=int, default=3, help="(a), (b): alternating rounds")
   p.add_argument("--threads", type=int, default=0, help="(b): PyTorch threads (0: all cores, as XLA)")
-  p.add_argument("--curve_steps", type=int, default=400, help="(c): training steps of each model")
+  p.add_argument("--curve_steps", type=int, default=300, help="(c): training steps of each model")
   p.add_argument("--eval_every", type=int, default=50)
   p.add_argument("--eval_batches", type=int, default=8)
   p.add_argument("--lr", type=float, default=2e-3)
@@ -351,8 +366,8 @@ def main():
 
   parts = set(args.parts.split(","))
   os.makedirs(args.work_dir, exist_ok=True)
-  modern = prepared(modern_config(args), args.work_dir)
-  data = pipeline.build(modern)
+  modern = prepared(modern_config(args), args.work_dir) if parts & {"a", "b"} else modern_config(args)
+  data = pipeline.build(modern) if parts & {"a", "b"} else None
   results = dict(args=vars(args), device=jax.devices()[0].device_kind, cores=os.cpu_count())
   print(f"ModernBERT {args.layers} x {args.hidden} (GeGLU {modern.model.intermediate_size}, window "
         f"{args.window}), vocab {args.vocab}, batch {args.batch_size} x {args.seq_len}; {os.cpu_count()} cores shared "
@@ -369,9 +384,10 @@ def main():
           f"(torch {r['torch']}, {r['threads']} threads) {r['torch_real_tokens_per_sec']:,.0f}: {r['ratio']:.2f}x "
           f"(target >= 1.0x); parameters {r['bertjax_params']:,} / {r['torch_params']:,}", flush=True)
   if "c" in parts:
-    bert = _shards_of(bert_config(args), modern)
-    results["c"] = {"bert": learning_curve(bert, data, args, "BERT"),
-                    "modernbert": learning_curve(modern, data, args, "ModernBERT")}
+    curve = prepared(modern_config(args, curve=True), args.work_dir)
+    curve_data, bert = pipeline.build(curve), _shards_of(bert_config(args), curve)
+    results["c"] = {"bert": learning_curve(bert, curve_data, args, "BERT"),
+                    "modernbert": learning_curve(curve, curve_data, args, "ModernBERT")}
     c = results["c"]
     print(f"(c) {'step':>6} {'BERT':>9} {'ModernBERT':>11}  (eval MLM loss at 15% masking, same rows)")
     for i, s in enumerate(c["bert"]["step"]):

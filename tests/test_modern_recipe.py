@@ -147,6 +147,14 @@ def test_eval_batches_mask_at_eval_mask_prob_with_their_own_budget():
     masking.validate(micro(**{"masking.eval_mask_prob": 1.5}))
 
 
+def test_packed_configs_batches_carry_position_ids_for_aot():
+  """aot and bench compile from build.host_batch_spec: a packed config's step must see per-example positions
+  (RoPE restarts per example), as the loader's packed rows carry them."""
+  packed = build.host_batch_spec(micro("configs/modernbert.py:tiny"), 8)
+  assert packed["position_ids"].shape == packed["input_ids"].shape == (8, 64)
+  assert "position_ids" not in build.host_batch_spec(micro(), 8)
+
+
 @pytest.mark.slow
 def test_modernbert_tiny_trains_on_packed_rows_and_its_eval_mlm_loss_falls(tmp_path, capsys):
   """`python -m bertjax.train --config=configs/modernbert.py:tiny` at micro size: packed rows (the start-up line
