@@ -109,6 +109,14 @@ def prepared(config, work_dir: str):
   return shards
 
 
+def sample_rows(data, n: int, seed: int) -> dict:
+  """n train rows drawn as the loader draws them (a seeded permutation): the file's own order groups long
+  documents (a book's full rows) together."""
+  from bertjax.data import pipeline
+
+  return pipeline.batch_at(data.train, 0, n, seed)
+
+
 def unpacked(rows: dict, pad: int) -> dict:
   """One example per row, padded to the same length: the padded layout of the same examples."""
   out = {k: [] for k in ("input_ids", "word_start", "groups", "position_ids")}
@@ -162,7 +170,7 @@ def part_a(config, data, args) -> dict:
   from bertjax.train import build
 
   b, n = config.batch_size, args.batches
-  packed_rows = data.train.take(np.arange(n * b))
+  packed_rows = sample_rows(data, n * b, config.seed)
   packed = batches_of({k: packed_rows[k] for k in ("input_ids", "word_start", "groups", "position_ids")}, b, n)
   padded_rows = unpacked(packed_rows, data.tokenizer.special.pad)
   padded = batches_of(padded_rows, b, len(padded_rows["input_ids"]) // b)
@@ -255,7 +263,7 @@ def part_b(config, data, args) -> dict:
   from bertjax.train import build, step as step_lib
 
   b = config.batch_size
-  rows = data.train.take(np.arange(args.batches * b))
+  rows = sample_rows(data, args.batches * b, config.seed)
   batches = batches_of({k: rows[k] for k in ("input_ids", "word_start", "groups", "position_ids")}, b, args.batches)
   steps = build.make_steps(config, sharding.make_mesh("dp", devices=jax.devices()[:1]), data.tokenizer.special)
   masked = [jax.tree.map(np.asarray, step_lib.training_batch(x, 0, steps.cfg)) for x in batches]
