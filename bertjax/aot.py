@@ -123,8 +123,11 @@ def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
   devices = topology_devices(t)
   mesh = sharding.make_mesh(config.sharding, devices=devices, overrides=dict(config.mesh))
   notes.append(build.attention_notice(config, mesh))
-  if config.batch_size % len(devices):
-    raise UserError(f"batch_size={config.batch_size} is not divisible by the {len(devices)} devices of {t['name']}")
+  micro = config.batch_size // config.grad_accum_steps
+  if config.batch_size % len(devices) or micro % len(devices):
+    raise UserError(f"batch_size={config.batch_size} (microbatch {micro} of grad_accum_steps={config.grad_accum_steps}) "
+                    f"is not divisible by the {len(devices)} devices of {t['name']}; use a batch and grad_accum_steps "
+                    "whose microbatch is a multiple of the device count")
   head = dict(topology=t["name"], jax_topology=t["topology"], devices=len(devices), mesh=dict(mesh.shape),
               sharding=config.sharding, global_batch=config.batch_size, seq_len=config.seq_len,
               hbm_gib=t["hbm_gib"], notes=notes)

@@ -174,3 +174,14 @@ def test_modernbert_tiny_trains_on_packed_rows_and_its_eval_mlm_loss_falls(tmp_p
   assert all(r["packing_efficiency"] > 0.9 for r in train), [r["packing_efficiency"] for r in train]
   out = capsys.readouterr().out
   assert "packing efficiency" in out and "packed instances" in out
+
+
+def test_aot_refuses_a_microbatch_the_devices_do_not_divide_in_one_line():
+  """ModernBERT-large's batch 4,928 on 16 devices with grad_accum_steps=16 gives microbatches of 308: a one-line
+  error naming the microbatch, not a shard_map traceback from inside the compile."""
+  pytest.importorskip("libtpu")
+  from bertjax import aot
+
+  config = micro("configs/modernbert.py:tiny", batch_size=32, grad_accum_steps=4)
+  with pytest.raises(UserError, match=r"microbatch 8 of grad_accum_steps=4\) is not divisible by the 16 devices"):
+    aot.compile_for(config, aot.parse_topology("v4-32"))
