@@ -66,6 +66,10 @@ def get_config(arg: str = "sst2"):
   # Rows are sorted by length within windows of this many shuffled batches, whose batches then run in a
   # seeded random order (transformers' group_by_length uses 50); 0 or 1: no grouping.
   c.length_window = 50
+  # Classification: pack several examples into each training row (their own attention groups, positions restarting,
+  # a [CLS] gathered per example), so no compute goes to padding (ModernBERT's unpadding, issue #37); eval keeps
+  # the length buckets. Off: one example a row, as the references.
+  c.pack_train = False
   c.learning_rate = 2e-5  # peak
   c.log_every = 50
   c.eval_every = 0  # 0: evaluate only at the end

@@ -155,6 +155,39 @@ def test_packed_configs_batches_carry_position_ids_for_aot():
   assert "position_ids" not in build.host_batch_spec(micro(), 8)
 
 
+@pytest.mark.parametrize("spec", [pytest.param("configs/bert.py:tiny", marks=pytest.mark.slow),
+                                  "configs/modernbert.py:tiny"])
+def test_packed_classification_rows_give_the_unpacked_logits_and_loss(spec):
+  """finetune pack_train: examples packed several to a row (groups, restarted positions, a gathered [CLS] each)
+  give each example the logits it gets alone in a padded row, and the same mean training loss (learned positions;
+  RoPE with a sliding window shorter than the row)."""
+  from bertjax.finetune import batches, classification, model as task_model, train as ft
+  from bertjax.model import config as model_config
+
+  cfg = model_config.encoder_config(micro(spec, **{"model.local_window": 8}).model)
+  model = task_model.Classifier(cfg, 3, deterministic=True)
+  rng = np.random.default_rng(0)
+  lengths, width = [20, 5, 9, 14, 3, 7], 32
+  ids = np.zeros((len(lengths), width), np.int32)
+  groups = np.zeros_like(ids)
+  for i, n in enumerate(lengths):
+    ids[i, :n], groups[i, :n] = rng.integers(5, cfg.vocab_size, n), 1
+  batch = dict(input_ids=ids, type_ids=np.zeros_like(ids), groups=groups, label=np.arange(len(lengths)) % 3,
+               example_weight=np.ones(len(lengths), np.float32))
+  batch["example_weight"][-1] = 0.0  # a padding row of the batch: packed nowhere
+  params = model.init(jax.random.key(0), ids[:1], ids[:1], groups[:1])["params"]
+  alone = np.asarray(model.apply({"params": params}, ids, batch["type_ids"], groups))
+  packed = batches.packed(dict(batch, label=np.arange(len(lengths))), width)  # labels: which example is where
+  assert packed["input_ids"].shape[0] < len(lengths) and (packed["groups"] > 0).sum() == sum(lengths[:-1])
+  out = np.asarray(model.apply({"params": params}, packed["input_ids"], packed["type_ids"], packed["groups"],
+                               position_ids=packed["position_ids"], cls_positions=packed["cls_positions"]))
+  used = packed["example_weight"] > 0
+  assert sorted(packed["label"][used]) == list(range(len(lengths) - 1))
+  np.testing.assert_allclose(out[used], alone[packed["label"][used]], atol=2e-5)
+  loss = lambda b: float(ft.batch_loss(params, b, None, model, classification.loss))
+  assert loss(batches.packed(batch, width)) == pytest.approx(loss(batch), rel=1e-5)
+
+
 @pytest.mark.slow
 def test_modernbert_tiny_trains_on_packed_rows_and_its_eval_mlm_loss_falls(tmp_path, capsys):
   """`python -m bertjax.train --config=configs/modernbert.py:tiny` at micro size: packed rows (the start-up line
@@ -185,3 +218,40 @@ def test_aot_refuses_a_microbatch_the_devices_do_not_divide_in_one_line():
   config = micro("configs/modernbert.py:tiny", batch_size=32, grad_accum_steps=4)
   with pytest.raises(UserError, match=r"microbatch 8 of grad_accum_steps=4\) is not divisible by the 16 devices"):
     aot.compile_for(config, aot.parse_topology("v4-32"))
+
+
+@pytest.mark.slow
+def test_finetune_pack_train_learns_the_pair_task_with_more_real_tokens_per_position(tmp_path):
+  """--config.pack_train=True end to end: classification batches packed several examples to a row learn the
+  generated pair task (tests/test_finetune.py's) as unpacked ones do, and the share of the computed positions that
+  are real tokens rises above the length buckets'."""
+  import json
+  import os
+
+  from bertjax.data.tokenizer_spec import load_tokenizer
+  from bertjax.finetune import train
+  from bertjax.hf import convert
+  from conftest import load_config
+  from test_finetune import _pair_task
+
+  task_dir, ckpt = tmp_path / "task", str(tmp_path / "hf")
+  task_dir.mkdir()
+  vocab = _pair_task(str(task_dir))
+  (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  pre = micro("configs/bert.py:tiny")
+  pre.model.vocab_size = len(vocab)
+  convert.write_hf(pre, convert.init_params(pre, seed=0), ckpt, load_tokenizer(f"wordpiece:{tmp_path / 'vocab.txt'}"))
+  shares = {}
+  for pack in (False, True):
+    config = load_config("configs/finetune.py:tiny")
+    config.task.name, config.task.text_a, config.task.text_b = "pairs", "sentence1", "sentence2"
+    config.task.source, config.init.checkpoint, config.task.metrics = f"tsv:{task_dir}", ckpt, "accuracy"
+    config.seeds, config.total_steps, config.seq_len, config.learning_rate = 1, 300, 64, 2e-3
+    config.model.dropout = config.model.attention_dropout = 0.0
+    config.length_window, config.pack_train = 0, pack
+    results = train.finetune(config, str(tmp_path / f"ft-{pack}"))
+    assert results["per_seed"][0]["accuracy"] > 0.8, (pack, results["per_seed"])
+    shares[pack] = results["timing"][0]["real_token_share"]
+    records = [json.loads(line) for line in open(os.path.join(tmp_path, f"ft-{pack}", "seed_0", "metrics.jsonl"))]
+    assert 0 < records[-1]["real_token_share"] <= 1
+  assert shares[True] > max(0.8, shares[False]), shares

@@ -79,9 +79,10 @@ def init_params(model, rng, loaded) -> tuple[dict, list]:
 
 
 def loss(outputs, batch):
-  """Per-example loss [B]: squared error for one output (regression), else softmax cross-entropy."""
+  """Per-example loss [B] (packed rows: [B, slots]): squared error for one output (regression), else softmax
+  cross-entropy."""
   if outputs.shape[-1] == 1:
-    return (outputs[:, 0] - batch["label"]) ** 2
+    return (outputs[..., 0] - batch["label"]) ** 2
   return optax.softmax_cross_entropy_with_integer_labels(outputs, batch["label"])
 
 

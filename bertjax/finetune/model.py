@@ -36,17 +36,20 @@ class Classifier(nn.Module):
   head: str = "pooler"
 
   @nn.compact
-  def __call__(self, input_ids, type_ids, groups, head_gates=None):
-    """head_gates: optional [layers, heads] multipliers of the attention heads (bertjax.compress.prune)."""
+  def __call__(self, input_ids, type_ids, groups, head_gates=None, position_ids=None, cls_positions=None):
+    """head_gates: optional [layers, heads] multipliers of the attention heads (bertjax.compress.prune).
+    Packed rows (bertjax.finetune.batches.packed): `position_ids` [B, S] restart at each example, `groups` tell
+    the examples apart, and `cls_positions` [B, K] name each example's [CLS]: outputs are then [B, K, outputs]."""
     c = self.cfg
-    x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic)
-    hidden = Encoder(c, self.deterministic, name="encoder")(x, groups, head_gates)
+    x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic, position_ids)
+    hidden = Encoder(c, self.deterministic, name="encoder")(x, groups, head_gates, position_ids)
+    cls = hidden[:, 0] if cls_positions is None else jnp.take_along_axis(hidden, cls_positions[..., None], axis=1)
     drop = lambda h: nn.Dropout(self.classifier_dropout)(h, deterministic=self.deterministic)
     if self.head == "electra":
-      h = dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "transform")(drop(hidden[:, 0]))
+      h = dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "transform")(drop(cls))
       pooled = drop(activation(c, h))
     else:
-      pooled = drop(jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pooler")(hidden[:, 0])))
+      pooled = drop(jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pooler")(cls)))
     return dense(c, c.hidden_size, self.num_outputs, (sh.EMBED, None), "classifier")(pooled).astype(jnp.float32)
 
 

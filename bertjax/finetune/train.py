@@ -50,6 +50,9 @@ def validate(config):
   _check(config.optimizer.schedule in optim.SCHEDULES,
          f"optimizer.schedule={config.optimizer.schedule!r}; use one of {', '.join(optim.SCHEDULES)}")
   _check(config.get("length_window", 0) >= 0, f"length_window={config.get('length_window')} must be >= 0")
+  _check(not config.get("pack_train", False) or tasks.kind_of(config) == "classification",
+         f"pack_train=True packs classification batches only; this task is {tasks.kind_of(config)}: set "
+         "--config.pack_train=False")
   batches.bucket_lengths(config)
   tasks.get(config).validate(config)
 
@@ -116,8 +119,10 @@ def batch_loss(params, batch, rng, model, task_loss, head_gates=None):
   weigh 0). `task_loss(outputs, batch)` returns per-example losses [B], or (numerator [B], denominator [B])
   for a loss averaged over units other than examples (e.g. tokens). `rng` None for a deterministic model,
   `head_gates` [layers, heads] for bertjax.compress.prune's importance."""
+  packed = {k: batch[k] for k in ("position_ids", "cls_positions") if k in batch}  # packed rows (pack_train)
   out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"],
-                    *(() if head_gates is None else (head_gates,)), rngs={"dropout": rng} if rng is not None else {})
+                    *(() if head_gates is None else (head_gates,)), rngs={"dropout": rng} if rng is not None else {},
+                    **packed)
   per = task_loss(out, batch)
   num, den = per if isinstance(per, tuple) else (per, jnp.ones_like(per))
   w = batch["example_weight"]
@@ -209,6 +214,8 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   result = {}
   for step in range(total):
     batch = train_batch(train, step, config, seed, layout)
+    if config.get("pack_train", False):  # several examples a row, no compute on padding (classification)
+      batch = batches.packed(batch, config.seq_len)
     params, opt_state, loss = step_fn(params, opt_state, batch, jnp.uint32(seed), jnp.int32(step))
     losses.append(loss)
     computed, real_now = batch["input_ids"].size, int(np.count_nonzero(batch["groups"]))
