@@ -262,3 +262,111 @@ def test_training_steps_match_transformers_on_packed_rows(tmp_path):
     theirs.append(ref.train_step(models[""](**_unpacked(masked)).loss, opt, sched, params, config.optimizer.clip_norm))
   np.testing.assert_allclose(ours, theirs, rtol=1e-3)
   assert theirs[-1] < theirs[0]
+
+
+@pytest.mark.slow  # Pallas' interpreter at 128 positions (splash's smallest block): ~20 s
+def test_splash_local_and_global_layers_agree_with_xla(monkeypatch):
+  """Splash attention (interpreted on the CPU) with a LocalMask kernel on local layers and a full one on global
+  layers, picked by lax.cond inside the layer scan, gives xla's states and gradients on packed rows."""
+  import functools
+
+  from bertjax.model import attention as attention_lib
+
+  monkeypatch.setattr(attention_lib, "fused", functools.partial(attention_lib.fused, interpret=True))
+  config = micro("configs/modernbert.py:tiny", **{"model.local_window": 32, "model.num_layers": 3,
+                                                  "model.hidden_size": 32, "model.intermediate_size": 32})
+  cfg = model_config.encoder_config(config.model, platform="cpu")
+  ids = jnp.asarray(np.random.default_rng(0).integers(5, 200, (2, 128)))
+  groups = jnp.asarray(np.r_[[1] * 70 + [2] * 50 + [0] * 8, [1] * 100 + [0] * 28].reshape(2, 128))
+  params = encoder_only(cfg).init(jax.random.key(0), ids, groups)
+  real = np.asarray(groups) > 0
+
+  def run(impl):
+    model = encoder_only(dataclasses.replace(cfg, attention=impl))
+    loss = lambda p: jnp.sum(jnp.where(jnp.asarray(real)[..., None], model.apply(p, ids, groups), 0.0) ** 2)
+    flat = np.concatenate([np.ravel(g) for g in jax.tree.leaves(jax.grad(loss)(params))])
+    return np.asarray(model.apply(params, ids, groups)), flat
+
+  (ref_out, ref_grad), (out, grad) = run("xla"), run("splash")
+  np.testing.assert_allclose(out[real], ref_out[real], atol=1e-5)
+  assert np.linalg.norm(grad - ref_grad) <= 1e-5 * np.linalg.norm(ref_grad)
+
+
+def _demo_checkpoint(directory: str, model_cls, **kw):
+  """A random tiny ModernBERT checkpoint (model_cls) with a byte-level BPE tokenizer trained on the demo text."""
+  import tokenizers
+  from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+  from bertjax.data import sources
+
+  text = [s for doc in sources.documents("demo", sources.SourceStats()) for s in doc][:3000]
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+  tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=1000, show_progress=False,
+                                                    special_tokens=["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]))
+  tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+                                                     special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
+  torch.manual_seed(0)
+  model_cls(hf_config(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=64,
+                      max_position_embeddings=256, local_attention=16, **kw)).save_pretrained(directory)
+  tok.save(os.path.join(directory, "tokenizer.json"))
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump(dict(tokenizer_class="PreTrainedTokenizerFast", cls_token="[CLS]", sep_token="[SEP]",
+                   pad_token="[PAD]", unk_token="[UNK]", mask_token="[MASK]"), f)
+  return directory
+
+
+@pytest.mark.slow  # a short training run: ~1 min
+def test_continued_pretraining_from_a_modernbert_checkpoint(tmp_path, capsys):
+  """`init_from=hf:DIR` with a ModernBertForMaskedLM: the architecture and tokenizer come from the checkpoint
+  (even under BERT's config file), every weight goes in, eval MLM loss falls, and the export loads back."""
+  from bertjax.hf import init_from  # noqa: F401  (registers hf: with the loop)
+  from bertjax.train import loop
+  from conftest import read_metrics
+
+  ckpt = _demo_checkpoint(str(tmp_path / "hf"), transformers.ModernBertForMaskedLM)
+  config = micro("configs/bert.py:tiny", **{"init_from": f"hf:{ckpt}", "objectives.nsp": 0.0, "seq_len": 128,
+                                           "data.format": "packed", "total_steps": 60, "eval_every": 60})
+  loop.train_and_evaluate(config, str(tmp_path / "work"))
+  printed = capsys.readouterr()
+  assert "initialized weights from hf:" in printed.out + printed.err and "freshly initialized" not in printed.out
+  evals = [m for m in read_metrics(str(tmp_path / "work")) if "eval/mlm_loss" in m]
+  assert evals[-1]["eval/mlm_loss"] < evals[0]["eval/mlm_loss"] - 0.05
+  saved = json.load(open(tmp_path / "work" / "config.json"))
+  assert (saved["model"]["position"], saved["model"]["norm"], saved["model"]["ffn"]) == ("rope", "pre", "geglu")
+  from bertjax.hf import inference
+
+  loaded = inference.load(workdir=str(tmp_path / "work"))
+  (out,) = convert.write_hf(loaded.config, loaded.params, str(tmp_path / "export"), loaded.tokenizer)
+  assert type(transformers.AutoModelForMaskedLM.from_pretrained(out)).__name__ == "ModernBertForMaskedLM"
+
+
+@pytest.mark.slow  # fine-tuning runs: ~1-2 min
+def test_fine_tuning_a_modernbert_classifier_and_exporting_it(tmp_path, capsys):
+  """`python -m bertjax.finetune` from a ModernBertForSequenceClassification directory: the modernbert head
+  (auto) starts from the checkpoint's head, learns the generated pair task, and the saved classifier exports as
+  ModernBertForSequenceClassification whose logits are bertjax's."""
+  from bertjax.finetune import model as ft_model, train
+  from test_finetune import _pair_task
+
+  (tmp_path / "task").mkdir()
+  _pair_task(str(tmp_path / "task"), n_train=2000, n_eval=200)
+  ckpt = _demo_checkpoint(str(tmp_path / "hf"), transformers.ModernBertForSequenceClassification, num_labels=2)
+  config = load_config("configs/finetune.py:tiny")
+  config.task.name, config.task.text_a, config.task.text_b = "pairs", "sentence1", "sentence2"
+  config.task.metrics, config.task.source, config.init.checkpoint = "accuracy", f"tsv:{tmp_path / 'task'}", ckpt
+  config.seeds, config.total_steps, config.seq_len, config.learning_rate = 1, 300, 64, 2e-3
+  config.length_window, config.save_model = 0, True
+  results = train.finetune(config, str(tmp_path / "ft"))
+  out = capsys.readouterr().out
+  assert results["per_seed"][0]["accuracy"] > 0.7, results["per_seed"]  # chance is 0.5
+  model_dir = str(tmp_path / "ft" / "seed_0" / ft_model.MODEL_DIR)
+  tm = task_models.load(model_dir)
+  assert tm.kind == "classification" and tm.info["head"] == "modernbert"
+  hf_dir = task_models.write_hf(tm, str(tmp_path / "export"))
+  theirs = transformers.AutoModelForSequenceClassification.from_pretrained(hf_dir).eval()
+  ids, mask = _inputs()
+  with torch.no_grad():
+    expected = theirs(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+  ours = np.asarray(tm.model.apply({"params": tm.params}, ids, np.zeros_like(ids), mask))
+  assert np.abs(ours - expected).max() < 1e-4
