@@ -92,8 +92,8 @@ def _ours(config, params, ids, mask):
   def fn(m, ids, groups):
     hidden = m.encode(ids, jnp.zeros_like(ids), groups)
     return hidden, m.mlm(hidden, jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape), m.embeddings)
-  out = build.make_model(config).apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask), method=fn)
-  return [np.asarray(x) for x in out]
+  apply = jax.jit(lambda p, i, g: build.make_model(config).apply({"params": p}, i, g, method=fn))
+  return [np.asarray(x) for x in apply(params, jnp.asarray(ids), jnp.asarray(mask))]
 
 
 def test_masked_lm_and_model_import_export_match_transformers(mlm_dir, tmp_path):
@@ -144,7 +144,7 @@ def test_sequence_classification_in_and_out(tmp_path):
     expected = theirs(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
   tm = task_models.load(str(tmp_path / "cls"))
   assert tm.kind == "classification" and tm.info["pooling"] == "mean" and tm.info["num_outputs"] == 3
-  ours = np.asarray(tm.model.apply({"params": tm.params}, ids, np.zeros_like(ids), mask))
+  ours = np.asarray(jax.jit(tm.model.apply)({"params": tm.params}, ids, np.zeros_like(ids), mask))
   assert np.abs(ours - expected).max() < 1e-4
   back = transformers.AutoModelForSequenceClassification.from_pretrained(task_models.write_hf(tm, str(tmp_path / "out")))
   with torch.no_grad():
@@ -183,21 +183,37 @@ def test_parameter_counts_are_transformers():
   assert count(shapes) - count(shapes["mlm"]) == 149_014_272
 
 
+def test_modernbert_init_scales_output_projections():
+  """init=modernbert: output projections at init_std / sqrt(2 x layers), others at init_std, both cut at 2 std
+  (transformers' ModernBertPreTrainedModel._init_weights)."""
+  from bertjax.model.encoder import dense, EncoderConfig
+
+  cfg = EncoderConfig(vocab_size=8, hidden_size=256, num_layers=8, num_heads=4, intermediate_size=256,
+                      embedding_size=256, init="modernbert")
+  draw = lambda out: np.asarray(dense(cfg, 256, 256, (None, None), "d", out=out).init(
+      jax.random.key(0), jnp.zeros((1, 256)))["params"]["kernel"].unbox())
+  inner, outer = draw(False), draw(True)
+  assert np.abs(inner).max() <= 0.04 and np.abs(outer).max() <= 0.04 / 4
+  assert outer.std() / inner.std() == pytest.approx(0.25, rel=0.02)
+  bert = np.asarray(dense(dataclasses.replace(cfg, init="bert"), 256, 256, (None, None), "d", out=True).init(
+      jax.random.key(0), jnp.zeros((1, 256)))["params"]["kernel"].unbox())
+  np.testing.assert_array_equal(bert, inner)  # BERT's init is unchanged
+
+
 def test_local_layers_agree_across_attention_implementations():
   """xla's additive band and dot_product's boolean one (a traced choice per scanned layer) agree, and a
   local window wider than the row changes nothing (the band really is the only difference)."""
-  config = micro("configs/modernbert.py:tiny", **{"model.local_window": 6, "model.num_layers": 3})
+  config = micro("configs/modernbert.py:tiny", **{"model.local_window": 6, "model.num_layers": 3,
+                                                  "model.hidden_size": 32, "model.vocab_size": 200})
   cfg = model_config.encoder_config(config.model, platform="cpu")
   assert cfg.local_layers == (False, True, False)
   ids = jnp.asarray(np.random.default_rng(0).integers(5, 200, (2, 20)))
   groups = jnp.asarray(np.r_[[1] * 12 + [2] * 8, [1] * 16 + [0] * 4].reshape(2, 20))
-  model = encoder_only(cfg)
-  params = model.init(jax.random.key(0), ids, groups)
-  run = lambda c: np.asarray(encoder_only(c).apply(params, ids, groups))
-  xla = run(cfg)
+  params = jax.jit(encoder_only(cfg).init)(jax.random.key(0), ids, groups)
+  variants = [cfg, dataclasses.replace(cfg, attention="dot_product"), dataclasses.replace(cfg, local_window=64)]
+  xla, dot, wide = (np.asarray(x) for x in jax.jit(lambda p: [encoder_only(c).apply(p, ids, groups) for c in variants])(params))
   real = np.asarray(groups) > 0
-  assert np.abs(run(dataclasses.replace(cfg, attention="dot_product")) - xla)[real].max() < 1e-5
-  wide = run(dataclasses.replace(cfg, local_window=64))
+  assert np.abs(dot - xla)[real].max() < 1e-5
   assert np.abs(wide - xla)[real].max() > 1e-3
 
 
@@ -243,7 +259,8 @@ def test_training_steps_match_transformers_on_packed_rows(tmp_path):
   every step's loss within 1e-3 relative, so packing computes the padded model exactly."""
   config = micro("configs/modernbert.py:tiny", **{
       "optimizer.name": "adamw", "optimizer.schedule": "linear", "optimizer.clip_norm": 1.0,
-      "optimizer.weight_decay": 0.01, "learning_rate": 2e-3, "model.local_window": 8})
+      "optimizer.weight_decay": 0.01, "learning_rate": 2e-3, "model.local_window": 8, "model.hidden_size": 32,
+      "model.intermediate_size": 64})
   config.model.vocab_size, config.batch_size, config.seq_len = 300, 4, 32
   config.total_steps, config.warmup_steps = 20, 5
   assert hf_configs.family_for(config) == "modernbert"
