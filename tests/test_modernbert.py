@@ -375,7 +375,7 @@ def test_fine_tuning_a_modernbert_classifier_and_exporting_it(tmp_path, capsys):
   config.seeds, config.total_steps, config.seq_len, config.learning_rate = 1, 300, 64, 2e-3
   config.length_window, config.save_model = 0, True
   results = train.finetune(config, str(tmp_path / "ft"))
-  out = capsys.readouterr().out
+  assert "; pooler pretrained" in capsys.readouterr().out  # the checkpoint's head.dense / head.norm
   assert results["per_seed"][0]["accuracy"] > 0.7, results["per_seed"]  # chance is 0.5
   model_dir = str(tmp_path / "ft" / "seed_0" / ft_model.MODEL_DIR)
   tm = task_models.load(model_dir)
