@@ -104,7 +104,9 @@ def get_config(arg: str = "sst2"):
       attention_dropout=-1.0,
       classifier_dropout=0.1,  # on the pooled [CLS] vector, before the classifier
       head="auto",  # pooler (BERT: tanh pooler, dropout, linear) | electra (dropout, dense, GELU, dropout,
-      # linear: ElectraForSequenceClassification) | auto: electra for ELECTRA checkpoints, else pooler
+      # linear: ElectraForSequenceClassification) | modernbert (pool, dense, GELU, LayerNorm, dropout, linear:
+      # ModernBertForSequenceClassification) | auto: the checkpoint family's (electra, modernbert), else pooler
+      pooling="cls",  # modernbert head: cls (the first token) | mean (of the real tokens): HF's classifier_pooling
       dtype="float32",  # compute dtype: float32 | bfloat16
       quantize="",  # int8: quantization-aware fine-tuning and int8 evaluation of the encoder's matmuls (qwix)
   )

@@ -59,7 +59,8 @@ def get_config(arg: str = "base"):
   c.model.use_bias = False  # attention_bias, mlp_bias, norm_bias, classifier_bias False; decoder_bias True
   c.model.layer_norm_eps = 1e-5  # norm_eps
   c.model.local_window, c.model.global_every = 128, 3  # local_attention 128; global_attn_every_n_layers 3
-  c.model.init_std = 0.02  # initializer_range
+  c.model.init_std = 0.02  # initializer_range (truncated at 2 std: initializer_cutoff_factor 2.0)
+  c.model.init = "modernbert"  # _init_weights: attention/FFN outputs and the MLM transform at 0.02 / sqrt(2 x layers)
   # Dropout: embedding_dropout, mlp_dropout and attention_dropout are 0.0 in the released config.json. (The
   # paper's Table 3 lists 0.1 on the attention output only; bertjax's model.dropout would also drop the embeddings
   # and FFN outputs, so it stays 0, which also lets fused attention run.)

@@ -165,7 +165,9 @@ def test_packed_classification_rows_give_the_unpacked_logits_and_loss(spec):
   from bertjax.model import config as model_config
 
   cfg = model_config.encoder_config(micro(spec, **{"model.local_window": 8}).model)
-  model = task_model.Classifier(cfg, 3, deterministic=True)
+  # ModernBERT's own head with mean pooling (ModernBERT-base's config.json): each example's mean, not the row's.
+  head = dict(head="modernbert", pooling="mean") if "modernbert" in spec else {}
+  model = task_model.Classifier(cfg, 3, deterministic=True, **head)
   rng = np.random.default_rng(0)
   lengths, width = [20, 5, 9, 14, 3, 7], 32
   ids = np.zeros((len(lengths), width), np.int32)

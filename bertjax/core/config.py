@@ -107,6 +107,7 @@ def defaults() -> ml_collections.ConfigDict:
       local_window=0,  # window of local layers (tokens at most local_window // 2 away are seen); 0: all global
       global_every=1,  # with local_window: layer i is global when i % global_every == 0, else local
       layer_types="",  # explicit per-layer pattern overriding global_every: "global,local,local,..."
+      init="bert",  # bert (truncated normal init_std) | modernbert (output projections' std / sqrt(2 x layers))
   )
   # Objectives: name -> weight; 0 switches one off.
   c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0)

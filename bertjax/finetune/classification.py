@@ -29,17 +29,22 @@ def validate(config):
   _check(config.seq_len >= 8, f"seq_len={config.seq_len} is too short for [CLS] A [SEP] B [SEP]; use >= 8")
   heads = ("auto",) + task_model.HEADS
   _check(config.model.head in heads, f"model.head={config.model.head!r}; use {', '.join(heads)}")
+  pooling = config.model.get("pooling", "cls")
+  _check(pooling in task_model.POOLINGS, f"model.pooling={pooling!r}; use {', '.join(task_model.POOLINGS)}")
 
 
 def head_kind(config, loaded) -> str:
-  """The head to build: model.head, with auto -> electra for ELECTRA checkpoints, else BERT's pooler."""
+  """The head to build: model.head, with auto -> the family's own for ELECTRA and ModernBERT checkpoints,
+  else BERT's pooler."""
   if config.model.head != "auto":
     return config.model.head
-  return "electra" if hf_configs.family_for(loaded.config) == "electra" else "pooler"
+  family = hf_configs.family_for(loaded.config)
+  return family if family in ("electra", "modernbert") else "pooler"
 
 
 def pretrained_pooler(loaded):
-  """The checkpoint's NSP/SOP pooler (a pretraining workdir's sentence head, or an import's), or None."""
+  """The checkpoint's NSP/SOP pooler (a pretraining workdir's sentence head, or an import's: BertModel's pooler,
+  ModernBertForSequenceClassification's head), or None."""
   return loaded.params.get("sentence", {}).get("pooler", loaded.pooler)
 
 
@@ -63,14 +68,15 @@ def prepare(config, loaded) -> TaskData:
       eval=eval_arrays,
       info=dict(train_examples=len(train_ex.a), eval_examples=len(evals[0].a), **extra_counts,
                 skipped_rows=train_ex.skipped + sum(ex.skipped for ex in evals), head=head,
-                pooler="pretrained" if pooler is not None and head == "pooler" else "fresh"),
+                pooler="pretrained" if pooler is not None and head in ("pooler", "modernbert") else "fresh"),
       model=dict(num_outputs=len(task_data.label_names(task)) or 1, head=head))
 
 
 def model(config, cfg, data: TaskData, deterministic: bool) -> task_model.Classifier:
   """The Classifier over the encoder `cfg` (its head and outputs as `prepare` fixed them)."""
   return task_model.Classifier(cfg, data.model["num_outputs"], config.model.classifier_dropout,
-                               deterministic=deterministic, head=data.model["head"])
+                               deterministic=deterministic, head=data.model["head"],
+                               pooling=config.model.get("pooling", "cls"))
 
 
 def init_params(model, rng, loaded) -> tuple[dict, list]:

@@ -1,6 +1,7 @@
-"""Fine-tuned token-classification and multiple-choice models on disk: bertjax's own directory (what
-fine-tuning writes to WORKDIR/seed_S/model) and transformers' `*ForTokenClassification` (BERT, RoBERTa,
-ALBERT, ELECTRA) and `BertForMultipleChoice` directories, in and out.
+"""Fine-tuned token-classification, multiple-choice and (ModernBERT) sequence-classification models on disk:
+bertjax's own directory (what fine-tuning writes to WORKDIR/seed_S/model) and transformers'
+`*ForTokenClassification` (BERT, RoBERTa, ALBERT, ELECTRA), `BertForMultipleChoice` and
+`ModernBertForSequenceClassification` directories, in and out.
 
 A bertjax task model is a single-model workdir (interop.workdir.write: config.json, the step-0 params
 checkpoint) plus `task.json` (kind, labels, head dropout and the windowing that goes with the model).
@@ -18,15 +19,17 @@ import numpy as np
 from bertjax.model import config as model_config
 from bertjax.core.errors import UserError
 from bertjax.finetune import tag_metrics
-from bertjax.finetune.model import MultipleChoice, TokenClassifier, restore_params
-from bertjax.hf import configs, convert, safetensors_io, tokenizers as hf_tokenizers, weights as W
+from bertjax.finetune.model import Classifier, MultipleChoice, TokenClassifier, load_model, restore_params
+from bertjax.hf import configs, convert, modernbert as MB, safetensors_io, tokenizers as hf_tokenizers, weights as W
 from bertjax.hf import workdir as wd
 
 TASK_FILE = "task.json"
-KINDS = ("tagging", "multiple_choice")
+KINDS = ("tagging", "multiple_choice", "classification")
 TOKEN_CLASSES = {"bert": "BertForTokenClassification", "roberta": "RobertaForTokenClassification",
                  "albert": "AlbertForTokenClassification", "electra": "ElectraForTokenClassification"}
 CHOICE_CLASSES = {"bert": "BertForMultipleChoice"}
+SEQUENCE_CLASSES = {"modernbert": "ModernBertForSequenceClassification"}
+CLASSIFIER_FILE = "classifier.json"  # a fine-tuned sentence classifier (bertjax.finetune.model.save_model)
 
 
 @dataclasses.dataclass
@@ -50,6 +53,9 @@ def build(kind: str, run_config, info: dict, cfg=None):
     return TokenClassifier(cfg, len(info["labels"]), dropout, True, tuple(info["labels"]), info.get("scheme", ""))
   if kind == "multiple_choice":
     return MultipleChoice(cfg, 1, dropout, deterministic=True, head="pooler")
+  if kind == "classification":
+    return Classifier(cfg, info["num_outputs"], dropout, deterministic=True, head=info.get("head", "pooler"),
+                      pooling=info.get("pooling", "cls"))
   raise UserError(f"task kind {kind!r}; bertjax saves {', '.join(KINDS)}")
 
 
@@ -86,6 +92,12 @@ def load(directory: str) -> TaskModel:
   """A task model written by `save`, or a transformers *ForTokenClassification / BertForMultipleChoice
   directory (imported on the fly)."""
   path = os.path.join(directory, TASK_FILE)
+  if os.path.isfile(os.path.join(directory, CLASSIFIER_FILE)):  # a fine-tuned sentence classifier
+    with open(os.path.join(directory, CLASSIFIER_FILE)) as f:
+      info = json.load(f)
+    run_config, model, params = load_model(directory)
+    spec = run_config.data.tokenizer
+    return TaskModel("classification", run_config, model, params, hf_tokenizers.load_any(spec) if spec else None, info)
   if not os.path.isfile(path):
     hf_dir = not os.path.isdir(os.path.join(directory, "checkpoints"))
     if hf_dir and os.path.isfile(os.path.join(directory, "config.json")):
@@ -108,6 +120,8 @@ def _kind_of(hf: dict, directory: str) -> str:
     return "tagging"
   if any(a.endswith("ForMultipleChoice") for a in archs):
     return "multiple_choice"
+  if any(a.endswith("ForSequenceClassification") for a in archs):
+    return "classification"
   raise UserError(f"{directory}/config.json names architectures {archs}; bertjax reads *ForTokenClassification "
                   "and BertForMultipleChoice task models")
 
@@ -123,14 +137,18 @@ def read_hf(hf_dir: str) -> TaskModel:
   family = imported.family
   if kind == "multiple_choice" and family not in CHOICE_CLASSES:
     raise UserError(f"{family} multiple-choice models are not supported; bertjax reads BertForMultipleChoice")
+  if kind == "classification" and family not in SEQUENCE_CLASSES:
+    raise UserError(f"{family} sequence-classification directories are not read here; fine-tune from the checkpoint "
+                    f"instead (bertjax reads {', '.join(SEQUENCE_CLASSES.values())})")
   tensors = convert._modern_names(safetensors_io.read_dir(hf_dir))
   params = {k: imported.params[k] for k in ("embeddings", "encoder")}
   entries = W.entries_of("classifier", "classifier")
   target = {"classifier": {"kernel": np.zeros(tuple(tensors["classifier.weight"].shape[::-1])),
                            "bias": np.zeros(tensors["classifier.bias"].shape)}}
-  if kind == "multiple_choice":
+  if kind in ("multiple_choice", "classification"):
     if imported.pooler is None:
-      raise UserError(f"{hf_dir} has no pooler; a BertForMultipleChoice checkpoint has bert.pooler.dense")
+      raise UserError(f"{hf_dir} has no pooler; a {hf.get('architectures')} checkpoint has one (bert.pooler.dense, "
+                      "ModernBERT's head.dense and head.norm)")
     params["pooler"] = imported.pooler
   head, missing = W.import_tensors(entries, tensors, target)
   if missing:
@@ -140,9 +158,13 @@ def read_hf(hf_dir: str) -> TaskModel:
   id2label = hf.get("id2label") or {str(i): f"LABEL_{i}" for i in range(n)}
   labels = [id2label[str(i)] for i in range(n)]
   dropout = hf.get("classifier_dropout") or hf.get("classifier_dropout_prob") or hf.get("hidden_dropout_prob", 0.1)
+  if family == "modernbert":  # its classifier_dropout is 0.0 by default, which `or` would skip
+    dropout = hf.get("classifier_dropout", 0.0)
   scheme = tag_metrics.detect_scheme([labels]) if kind == "tagging" else ""
   info = dict(labels=labels if kind == "tagging" else [], scheme=scheme, classifier_dropout=float(dropout),
               family=family)
+  if kind == "classification":
+    info.update(num_outputs=n, head="modernbert", pooling=hf.get("classifier_pooling", "cls"))
   model = build(kind, imported.config, info)
   return TaskModel(kind, imported.config, model, jax.tree.map(jnp.asarray, params), imported.tokenizer, info)
 
@@ -152,7 +174,7 @@ def write_hf(task_model: TaskModel, out_dir: str, special=None) -> str:
   (config.json with id2label, model.safetensors, the tokenizer files); returns out_dir."""
   config, kind = task_model.config, task_model.kind
   family = configs.family_for(config)
-  classes = TOKEN_CLASSES if kind == "tagging" else CHOICE_CLASSES
+  classes = {"tagging": TOKEN_CLASSES, "multiple_choice": CHOICE_CLASSES, "classification": SEQUENCE_CLASSES}[kind]
   if family not in classes:
     raise UserError(f"transformers has no {kind} class bertjax exports for {family}; export supports "
                     f"{', '.join(classes)}")
@@ -164,6 +186,10 @@ def write_hf(task_model: TaskModel, out_dir: str, special=None) -> str:
     hf.update(num_labels=len(labels), id2label={str(i): t for i, t in enumerate(labels)},
               label2id={t: i for i, t in enumerate(labels)})
   hf["classifier_dropout"] = task_model.info.get("classifier_dropout", 0.1)
+  if kind == "classification":
+    n = task_model.info["num_outputs"]
+    hf.update(num_labels=n, classifier_pooling=task_model.info.get("pooling", "cls"),
+              problem_type="regression" if n == 1 else "single_label_classification")
   if family == "albert":
     hf["classifier_dropout_prob"] = hf["classifier_dropout"]
   params = jax.tree.map(np.asarray, task_model.params)
@@ -171,5 +197,10 @@ def write_hf(task_model: TaskModel, out_dir: str, special=None) -> str:
   entries = W.entries_of("classifier", "classifier")
   if kind == "multiple_choice":
     entries += W.entries_of("pooler", W.PREFIX[family] + "pooler.dense")
+  if kind == "classification":
+    if task_model.info.get("head") != "modernbert":
+      raise UserError(f"a classifier with the {task_model.info.get('head')!r} head has no {classes[family]} layout; "
+                      "fine-tune with --config.model.head=modernbert (or auto)")
+    entries = MB.classifier_head(model_config.encoder_config(config.model).use_bias)
   tensors.update(W.export_tensors(entries, params))
   return convert.write_dir(out_dir, hf, tensors, tok)

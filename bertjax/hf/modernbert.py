@@ -102,7 +102,7 @@ def model_section(hf: dict) -> dict:
       position_offset=0, position="rope", rope_theta=thetas["full_attention"],
       local_rope_theta=thetas["sliding_attention"], ffn="geglu", norm="pre", use_bias=biases["attention_bias"],
       local_window=int(hf.get("local_attention", 128)) if local else 0, global_every=every,
-      layer_types="" if kinds == pattern or not local else ",".join(kinds),
+      layer_types="" if kinds == pattern or not local else ",".join(kinds), init="modernbert",
   )
 
 

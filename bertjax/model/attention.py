@@ -19,9 +19,10 @@ padding token attends only to padding and no query row is ever fully masked.
 
 Local (sliding-window) layers, as ModernBERT alternates them with global ones, see only keys at most
 `half_window` positions away (|q - k| <= half_window, transformers' bidirectional sliding-window mask), in
-every implementation: xla and dot_product add the band to their mask (whether a layer is local may be a traced
-value inside the layer scan); cudnn (`local_window_size`) and splash (`LocalMask`) build a kernel per kind and
-`lax.cond` picks the layer's, so the scan keeps one body and compile time stays flat in depth.
+every implementation: xla, dot_product and cudnn add the band to their mask (whether a layer is local may be a
+traced value inside the layer scan; cuDNN's `local_window_size` has no right-hand window without a causal mask);
+splash builds a `LocalMask` and a full kernel and `lax.cond` picks the layer's (a kernel's mask is static), so
+the scan keeps one body and compile time stays flat in depth.
 """
 
 import math
@@ -114,15 +115,14 @@ def fused(impl: str, q, k, v, groups, scale: float, interpret: bool = False, loc
   """The context [B, S, H, D] of queries, keys and values [B, S, H, D] under a fused (dropout-free)
   implementation; `groups` [B, S] keeps attention inside each example, `local` (a bool, or traced) limits it to
   `half_window` positions either side. `interpret` runs splash in Pallas' interpreter (any platform: tests)."""
-  if impl == "dot_product":
+  if impl in ("dot_product", "cudnn"):
+    # The segment mask is a dense [B, 1, S, S] operand already, so a local layer's band joins it (cuDNN's own
+    # local_window_size has no right-hand window without a causal mask).
     mask = segment_mask(groups)
     if local is not False:
       mask = mask & jnp.logical_or(jnp.logical_not(local), band(q.shape[1], half_window))
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="xla")
-  if impl == "cudnn":
-    call = lambda window: jax.nn.dot_product_attention(q, k, v, mask=segment_mask(groups), scale=scale,
-                                                        local_window_size=window, implementation="cudnn")
-    return _pick(local, lambda: call((half_window, half_window)), lambda: call(None))
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale,
+                                        implementation="xla" if impl == "dot_product" else "cudnn")
   if impl == "splash":
     call = lambda window: splash(q, k, v, groups, scale, interpret, window)
     return _pick(local, lambda: call(half_window), lambda: call(None))

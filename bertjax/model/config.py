@@ -25,7 +25,7 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       scan_unroll=m.scan_unroll,
       activation=m.activation, position_offset=m.position_offset, attention=impl, head_size=m.head_size,
       position=m.position, rope_theta=m.rope_theta, local_rope_theta=m.local_rope_theta, ffn=m.ffn, norm=m.norm,
-      use_bias=m.use_bias, local_layers=local_layers(m), local_window=m.local_window)
+      use_bias=m.use_bias, local_layers=local_layers(m), local_window=m.local_window, init=m.init)
 
 
 LAYER_TYPES = ("global", "local")
@@ -63,6 +63,7 @@ def _validate_modern(m):
   check(m.position in ("learned", "rope"), f"model.position={m.position!r}; use learned or rope")
   check(m.ffn in ("mlp", "geglu"), f"model.ffn={m.ffn!r}; use mlp or geglu")
   check(m.norm in ("post", "pre"), f"model.norm={m.norm!r}; use post or pre")
+  check(m.init in ("bert", "modernbert"), f"model.init={m.init!r}; use bert or modernbert")
   check(m.position == "learned" or (m.head_size or m.hidden_size // m.num_heads) % 2 == 0,
         "model.position=rope rotates pairs of a head's dimensions; use an even head width")
   check(m.position == "learned" or (m.rope_theta > 0 and m.local_rope_theta > 0),

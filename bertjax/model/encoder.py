@@ -79,6 +79,7 @@ class EncoderConfig:
   use_bias: bool = True  # biases of the encoder's dense layers, its LayerNorms and the MLM transform
   local_layers: tuple = ()  # per layer, True: sliding-window attention; empty: every layer global
   local_window: int = 0  # a local layer's whole window: a token sees tokens at most local_window // 2 away
+  init: str = "bert"  # bert (truncated normal init_std everywhere) | modernbert (output projections / sqrt(2 L))
 
   @property
   def head_dim(self) -> int:
@@ -121,9 +122,12 @@ def activation(cfg: EncoderConfig, x):
   return gelu(x)
 
 
-def _init(cfg: EncoderConfig, names):
-  """Truncated-normal(0.02) initializer (BERT's) carrying logical axis names."""
-  return nn.with_logical_partitioning(nn.initializers.truncated_normal(cfg.init_std), names)
+def _init(cfg: EncoderConfig, names, out: bool = False):
+  """Truncated-normal(0.02) initializer (BERT's: cut at 2 std) carrying logical axis names. Under init=modernbert an
+  output projection (`out`: attention and FFN outputs, the MLM transform) gets std init_std / sqrt(2 x layers), as
+  transformers' ModernBertPreTrainedModel._init_weights ("out"; cutoff factor 2 as well)."""
+  std = cfg.init_std / math.sqrt(2 * cfg.num_layers) if out and cfg.init == "modernbert" else cfg.init_std
+  return nn.with_logical_partitioning(nn.initializers.truncated_normal(std), names)
 
 
 def _zeros(names):
@@ -263,11 +267,12 @@ class Dense(nn.Module):
   out_shape: tuple
   names: tuple  # logical names of the kernel's axes: in axes then out axes
   use_bias: bool = True
+  out: bool = False  # an output projection (init=modernbert scales its init)
 
   @nn.compact
   def __call__(self, x):
     n_in = len(self.in_shape)
-    kernel = self.param("kernel", _init(self.cfg, self.names), self.in_shape + self.out_shape)
+    kernel = self.param("kernel", _init(self.cfg, self.names, self.out), self.in_shape + self.out_shape)
     # flax's promote_dtype (as nn.Dense calls it): quantization libraries intercept it (qwix: bertjax.compress.quantize).
     x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.cfg.dtype)
     y = tokens_matmul(x, kernel, n_in, flat_kernel=not self.cfg.quantizable)
@@ -297,11 +302,11 @@ def tokens_matmul(x, kernel, n_in: int, flat_kernel: bool = True):
   return y.reshape(*lead, *out_shape)
 
 
-def dense(cfg: EncoderConfig, in_shape, out_shape, names, name: str, bias: bool = True) -> Dense:
+def dense(cfg: EncoderConfig, in_shape, out_shape, names, name: str, bias: bool = True, out: bool = False) -> Dense:
   """A Dense layer in the compute dtype; shapes are ints or tuples of ints. `bias=False`: no bias parameter
-  (the encoder's own layers pass cfg.use_bias; task heads keep theirs)."""
+  (the encoder's own layers pass cfg.use_bias; task heads keep theirs). `out`: an output projection (see _init)."""
   as_tuple = lambda s: tuple(s) if isinstance(s, (tuple, list)) else (s,)
-  return Dense(cfg, as_tuple(in_shape), as_tuple(out_shape), tuple(names), bias, name=name)
+  return Dense(cfg, as_tuple(in_shape), as_tuple(out_shape), tuple(names), bias, out, name=name)
 
 
 class Embeddings(nn.Module):
@@ -376,7 +381,8 @@ class Attention(Block):
                                 half_window=c.half_window).astype(c.dtype)
     if head_gates is not None:  # 0 removes a head exactly (its context never reaches the output projection)
       ctx = ctx * head_gates.astype(ctx.dtype)[:, None]
-    out = dense(c, (c.num_heads, c.head_dim), c.hidden_size, (sh.HEADS, sh.KV, sh.EMBED), "output", c.use_bias)(ctx)
+    out = dense(c, (c.num_heads, c.head_dim), c.hidden_size, (sh.HEADS, sh.KV, sh.EMBED), "output", c.use_bias,
+                out=True)(ctx)
     out = Dropout(c.dropout)(out, deterministic=self.deterministic)
     if c.norm == "pre":
       return out.astype(c.dtype)
@@ -396,11 +402,11 @@ class FeedForward(Block):
       h = dense(c, c.hidden_size, (2, c.intermediate_size), (sh.EMBED, None, sh.MLP), "intermediate", c.use_bias)(h)
       h = activation(c, h[..., 0, :]) * h[..., 1, :]
       h = Dropout(c.dropout)(h, deterministic=self.deterministic)
-      h = dense(c, c.intermediate_size, c.hidden_size, (sh.MLP, sh.EMBED), "output", c.use_bias)(h)
+      h = dense(c, c.intermediate_size, c.hidden_size, (sh.MLP, sh.EMBED), "output", c.use_bias, out=True)(h)
     else:
       h = dense(c, c.hidden_size, c.intermediate_size, (sh.EMBED, sh.MLP), "intermediate", c.use_bias)(h)
       h = activation(c, h)
-      h = dense(c, c.intermediate_size, c.hidden_size, (sh.MLP, sh.EMBED), "output", c.use_bias)(h)
+      h = dense(c, c.intermediate_size, c.hidden_size, (sh.MLP, sh.EMBED), "output", c.use_bias, out=True)(h)
       h = Dropout(c.dropout)(h, deterministic=self.deterministic)
     if c.norm == "pre":
       return (x + h).astype(c.dtype)

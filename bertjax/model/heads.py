@@ -29,7 +29,7 @@ class MLMHead(nn.Module):
   def __call__(self, hidden, positions, embeddings):
     c = self.cfg
     x = gather_positions(hidden, positions)
-    x = dense(c, c.hidden_size, c.embedding_size, (sh.EMBED, None), "transform", c.use_bias)(x)
+    x = dense(c, c.hidden_size, c.embedding_size, (sh.EMBED, None), "transform", c.use_bias, out=True)(x)
     x = layer_norm(c, "ln", names=(None,))(activation(c, x))
     bias = self.param("bias", _zeros((sh.VOCAB,)), (c.vocab_size,))  # kept without use_bias (ModernBERT's decoder_bias)
     # Decoder in the compute dtype, logits and loss in float32.
