@@ -214,7 +214,6 @@ def test_modernbert_tiny_trains_on_packed_rows_and_its_eval_mlm_loss_falls(tmp_p
 def test_aot_refuses_a_microbatch_the_devices_do_not_divide_in_one_line():
   """ModernBERT-large's batch 4,928 on 16 devices with grad_accum_steps=16 gives microbatches of 308: a one-line
   error naming the microbatch, not a shard_map traceback from inside the compile."""
-  pytest.importorskip("libtpu")
   from bertjax import aot
 
   config = micro("configs/modernbert.py:tiny", batch_size=32, grad_accum_steps=4)
@@ -255,5 +254,5 @@ def test_finetune_pack_train_learns_the_pair_task_with_more_real_tokens_per_posi
     assert results["per_seed"][0]["accuracy"] > 0.8, (pack, results["per_seed"])
     shares[pack] = results["timing"][0]["real_token_share"]
     records = [json.loads(line) for line in open(os.path.join(tmp_path, f"ft-{pack}", "seed_0", "metrics.jsonl"))]
-    assert 0 < records[-1]["real_token_share"] <= 1
+    assert all(0 < r["real_token_share"] <= 1 for r in records if "train/loss" in r)
   assert shares[True] > max(0.8, shares[False]), shares
