@@ -38,6 +38,12 @@ def get_config(arg: str = "base"):
   # Run: the paper's first phase trains at 1,024 tokens (§2.2.3: 1.7T tokens at 1,024, then context extension to
   # 8,192); 1.7T / (4,608 x 1,024) ~ 360k steps for base.
   c.batch_size, c.seq_len = batch, 1024
+  # Memory, not recipe (the gradient is the whole batch's either way): base's 4,608 rows in 16 microbatches, 18 rows
+  # a device on a v4-32 (python -m bertjax.aot: 19.1 of 32 GiB; without accumulation it needs 225 GiB of
+  # temporaries). ModernBERT trained microbatches of 96 a GPU (yamls/modernbert device_train_microbatch_size).
+  # A v5e-16 needs more (16 microbatches: 16.7 GiB of temporaries, 16 GiB HBM). Large: not measured yet; its
+  # 4,928 rows need a grad_accum_steps dividing 308 for 16 devices.
+  c.grad_accum_steps = 16 if arg == "base" else 1
   c.total_steps, c.learning_rate = 360_000, lr
   c.warmup_steps = 3_000_000_000 // (batch * 1024)  # §2.2.2: a 3B-token warmup (base; large 2B)
   # Data: unpadded sequences (§2.1.2): whole examples packed into rows with per-example position_ids (RoPE
