@@ -120,11 +120,15 @@ def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
                  "--config.model.attention_dropout=0)")
     config.model.attention_dropout = 0.0
   build.validate(config)
+  # One JAX device per chip (v4/v5p megacore; v5e/v6e have one core a chip): checked before libtpu is asked.
+  micro = config.batch_size // config.grad_accum_steps
+  if config.batch_size % t["chips"] or micro % t["chips"]:
+    raise UserError(f"batch_size={config.batch_size} (microbatch {micro} of grad_accum_steps={config.grad_accum_steps}) "
+                    f"is not divisible by the {t['chips']} devices of {t['name']}; use a batch and grad_accum_steps "
+                    "whose microbatch is a multiple of the device count")
   devices = topology_devices(t)
   mesh = sharding.make_mesh(config.sharding, devices=devices, overrides=dict(config.mesh))
   notes.append(build.attention_notice(config, mesh))
-  if config.batch_size % len(devices):
-    raise UserError(f"batch_size={config.batch_size} is not divisible by the {len(devices)} devices of {t['name']}")
   head = dict(topology=t["name"], jax_topology=t["topology"], devices=len(devices), mesh=dict(mesh.shape),
               sharding=config.sharding, global_batch=config.batch_size, seq_len=config.seq_len,
               hbm_gib=t["hbm_gib"], notes=notes)

@@ -66,6 +66,10 @@ def get_config(arg: str = "sst2"):
   # Rows are sorted by length within windows of this many shuffled batches, whose batches then run in a
   # seeded random order (transformers' group_by_length uses 50); 0 or 1: no grouping.
   c.length_window = 50
+  # Classification: pack several examples into each training row (their own attention groups, positions restarting,
+  # a [CLS] gathered per example), so no compute goes to padding (ModernBERT's unpadding, issue #37); eval keeps
+  # the length buckets. Off: one example a row, as the references.
+  c.pack_train = False
   c.learning_rate = 2e-5  # peak
   c.log_every = 50
   c.eval_every = 0  # 0: evaluate only at the end
@@ -101,7 +105,9 @@ def get_config(arg: str = "sst2"):
       classifier_dropout=0.1,  # on the pooled [CLS] vector, before the classifier
       head="auto",  # pooler (BERT: tanh pooler, dropout, linear) | electra (dropout, dense, GELU, dropout,
       # linear: ElectraForSequenceClassification) | roberta (dropout, dense, tanh, dropout, linear on <s>:
-      # RobertaForSequenceClassification) | auto: electra / roberta for those checkpoints, else pooler
+      # RobertaForSequenceClassification) | modernbert (pool, dense, GELU, LayerNorm, dropout, linear:
+      # ModernBertForSequenceClassification) | auto: the checkpoint family's (electra, roberta, modernbert), else pooler
+      pooling="cls",  # modernbert head: cls (the first token) | mean (of the real tokens): HF's classifier_pooling
       dtype="float32",  # compute dtype: float32 | bfloat16
       # int8: quantization-aware fine-tuning and int8 evaluation of the encoder's matmuls (qwix: per-channel
       # weights, dynamic per-token activations); q8bert: Zafrir et al. 2019 (per-tensor weights, EMA activation

@@ -40,6 +40,9 @@ def test_tiny_models_train_and_log(spec, eval_keys, tmp_path, capsys):
   assert train[-1]["train/loss"] < train[0]["train/loss"] - 0.3, "loss did not fall"
   for key in ("lr", "tokens_per_sec", "train/grad_norm", "train/mlm_accuracy"):
     assert key in train[-1]
+  # Packing efficiency (issue #37): real tokens / computed positions of the rows trained on, and the real tokens/s.
+  assert 0.1 < train[-1]["packing_efficiency"] <= 1.0
+  assert train[-1]["real_tokens_per_sec"] == pytest.approx(train[-1]["tokens_per_sec"] * train[-1]["packing_efficiency"])
   evals = [r for r in records if any(k.startswith("eval/") for k in r)]
   assert evals and evals[-1]["step"] == 30
   for key in eval_keys:
@@ -47,6 +50,7 @@ def test_tiny_models_train_and_log(spec, eval_keys, tmp_path, capsys):
   assert glob.glob(os.path.join(workdir, "events.out.tfevents.*")), "no TensorBoard event file"
   out = capsys.readouterr().out
   assert "ETA" in out and "step 30/30" in out
+  assert "packing efficiency " in out
 
 
 @pytest.mark.parametrize("spec,falling,chance", [

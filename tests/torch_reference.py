@@ -25,7 +25,8 @@ SCHEDULES = {
 # HF classes of the pretraining network per bertjax family (ELECTRA: the discriminator; its generator is
 # ElectraForMaskedLM).
 PRETRAINING_CLASSES = {"bert": "BertForPreTraining", "roberta": "RobertaForMaskedLM",
-                       "albert": "AlbertForPreTraining", "electra": "ElectraForPreTraining"}
+                       "albert": "AlbertForPreTraining", "electra": "ElectraForPreTraining",
+                       "modernbert": "ModernBertForMaskedLM"}
 
 
 def reference_semantics(model, dropout: bool = False):
@@ -57,8 +58,9 @@ def load_pretraining(family: str, dirs, dropout: bool = False, attn_implementati
 
 
 def no_decay(name: str) -> bool:
-  """transformers' usual exclusion from weight decay: biases and LayerNorm weights."""
-  return name.endswith("bias") or name.endswith(("LayerNorm.weight", "layer_norm.weight"))
+  """transformers' usual exclusion from weight decay: biases and LayerNorm weights (ModernBERT's norms are
+  `norm`, `attn_norm`, `mlp_norm`, `final_norm`)."""
+  return name.endswith("bias") or name.endswith(("LayerNorm.weight", "layer_norm.weight", "norm.weight"))
 
 
 class AdamWeightDecay(torch.optim.Optimizer):

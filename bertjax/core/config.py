@@ -62,6 +62,7 @@ def defaults() -> ml_collections.ConfigDict:
       scheme="token",  # token | whole_word | ngram | span
       mask_prob=0.15,
       max_predictions=0,  # MLM slots per example (the budget); 0: ceil(seq_len x mask_prob)
+      eval_mask_prob=0.0,  # masking rate of the eval batches; 0: mask_prob (ModernBERT trains at 30%, evaluates at 15%)
       mask_token_prob=0.8,  # of the chosen tokens: share replaced by [MASK]
       random_token_prob=0.1,  # ... by a random token (the rest stay as they are)
       replace_dist="uniform",  # random tokens: uniform over the vocabulary (BERT) | unigram: by corpus count (SpanBERT)
@@ -98,6 +99,17 @@ def defaults() -> ml_collections.ConfigDict:
       # GPU, splash on TPU, xla on CPU; fused kernels need attention_dropout=0, else auto keeps xla.
       attention="auto",
       head_size=0,  # width of one attention head; 0: hidden_size / num_heads (a head-pruned model sets it)
+      # ModernBERT-class encoders (docs/modernbert.md); these defaults are BERT's.
+      position="learned",  # learned (absolute table) | rope (rotary positions from position_ids, no table)
+      rope_theta=160_000.0,  # RoPE base of global-attention layers
+      local_rope_theta=10_000.0,  # RoPE base of local (sliding-window) layers
+      ffn="mlp",  # mlp | geglu (gated: intermediate_size is the width of each of the two halves)
+      norm="post",  # post (BERT) | pre (LN before each block, first layer's attention LN skipped, final LN)
+      use_bias=True,  # biases of the encoder's dense layers, LayerNorms and MLM transform (the decoder keeps its own)
+      local_window=0,  # window of local layers (tokens at most local_window // 2 away are seen); 0: all global
+      global_every=1,  # with local_window: layer i is global when i % global_every == 0, else local
+      layer_types="",  # explicit per-layer pattern overriding global_every: "global,local,local,..."
+      init="bert",  # bert (truncated normal init_std) | modernbert (output projections' std / sqrt(2 x layers))
   )
   # Objectives: name -> weight; 0 switches one off.
   c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0)
@@ -111,7 +123,8 @@ def defaults() -> ml_collections.ConfigDict:
       clip_norm=1.0,  # global gradient norm
       bias_correction=True,  # Adam's 1 - b^t correction (torch/transformers, NVIDIA LAMB); False: google-research/bert's
       decay_mask="bert",  # bert: no decay on biases and LayerNorm | all: every parameter (fairseq)
-      schedule="linear",  # linear (BERT/ALBERT) | linear_after_warmup (RoBERTa) | electra | cosine | poly_sqrt: bertjax.train.optim
+      schedule="linear",  # linear (BERT/ALBERT) | linear_after_warmup (RoBERTa) | electra | cosine | poly_sqrt | wsd: bertjax.train.optim
+      decay_fraction=0.2,  # wsd: share of total_steps in the final 1-sqrt decay (Hägele et al. 2024: 20%)
   )
   # Logging, checkpoints, eval.
   c.log_every = 100
@@ -227,6 +240,21 @@ def warmup_steps(config) -> int:
 def max_predictions(config) -> int:
   """The MLM slots gathered per example (static shape): masking.max_predictions, or `mlm_slots`."""
   return config.masking.max_predictions or mlm_slots(config.seq_len, config.masking.mask_prob)
+
+
+def eval_mask_prob(config) -> float:
+  """The masking rate of eval batches: masking.eval_mask_prob, or the training rate."""
+  return config.masking.get("eval_mask_prob", 0.0) or config.masking.mask_prob
+
+
+def eval_max_predictions(config) -> int:
+  """The MLM slots of an eval example: the training budget when eval masks at the training rate, else
+  ceil(seq_len x eval_mask_prob) (never more than the training budget: a config's explicit
+  max_predictions caps both)."""
+  if eval_mask_prob(config) == config.masking.mask_prob:
+    return max_predictions(config)
+  slots = mlm_slots(config.seq_len, eval_mask_prob(config))
+  return min(slots, config.masking.max_predictions) if config.masking.max_predictions else slots
 
 
 def mlm_slots(seq_len: int, mask_prob: float) -> int:

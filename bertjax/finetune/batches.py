@@ -134,3 +134,41 @@ def fixed_layout(arrays: dict) -> Layout:
   """No cutting, no grouping, the split in its own order: every batch as wide as the arrays."""
   n, width = len(arrays["input_ids"]), np.shape(arrays["input_ids"])[-1]
   return Layout((width,), np.zeros(n, np.int64), ())
+
+
+PACK_SLOTS = 16  # examples a packed row holds at most (the classifier's [CLS] gathers are [rows, PACK_SLOTS])
+
+
+def packed(batch: dict, seq_len: int) -> dict:
+  """A classification batch (B example rows, as `take` makes them) packed several examples to a row, so no
+  compute goes to padding (ModernBERT's unpadding; issue #37): first-fit into rows of `seq_len`, each example its
+  own `groups` id (attention stays inside it) and `position_ids` restarting at 0, its [CLS] position in
+  `cls_positions` [R, PACK_SLOTS] and its label and weight at the same slot (unused slots weigh 0). R is the
+  smallest of B/8, B/4, B/2, B rows that holds them (a few shapes, compiled once each, as length buckets)."""
+  ids, weight = np.asarray(batch["input_ids"]), np.asarray(batch["example_weight"])
+  lengths = row_lengths(batch)
+  real = [i for i in range(len(ids)) if weight[i] > 0]
+  b = len(ids)
+  for rows in sorted({max(1, b // 8), max(1, b // 4), max(1, b // 2), b}):
+    fill, slots, place = np.zeros(rows, np.int64), np.zeros(rows, np.int64), {}
+    for i in sorted(real, key=lambda i: -lengths[i]):  # first-fit decreasing
+      r = next((r for r in range(rows) if fill[r] + lengths[i] <= seq_len and slots[r] < PACK_SLOTS), None)
+      if r is None:
+        break
+      place[i] = (r, fill[r], slots[r])
+      fill[r], slots[r] = fill[r] + lengths[i], slots[r] + 1
+    if len(place) == len(real):
+      break
+  out = {k: np.zeros((rows, seq_len), np.int32) for k in ("input_ids", "type_ids", "groups", "position_ids")}
+  out["cls_positions"] = np.zeros((rows, PACK_SLOTS), np.int32)
+  out["example_weight"] = np.zeros((rows, PACK_SLOTS), np.float32)
+  label = np.asarray(batch["label"])
+  out["label"] = np.zeros((rows, PACK_SLOTS), label.dtype)
+  for i, (r, at, slot) in place.items():
+    n = lengths[i]
+    out["input_ids"][r, at:at + n] = ids[i, :n]
+    out["type_ids"][r, at:at + n] = np.asarray(batch["type_ids"])[i, :n]
+    out["groups"][r, at:at + n] = slot + 1
+    out["position_ids"][r, at:at + n] = np.arange(n)
+    out["cls_positions"][r, slot], out["example_weight"][r, slot], out["label"][r, slot] = at, weight[i], label[i]
+  return out

@@ -29,19 +29,23 @@ def validate(config):
   _check(config.seq_len >= 8, f"seq_len={config.seq_len} is too short for [CLS] A [SEP] B [SEP]; use >= 8")
   heads = ("auto",) + task_model.HEADS
   _check(config.model.head in heads, f"model.head={config.model.head!r}; use {', '.join(heads)}")
+  pooling = config.model.get("pooling", "cls")
+  _check(pooling in task_model.POOLINGS, f"model.pooling={pooling!r}; use {', '.join(task_model.POOLINGS)}")
 
 
 def head_kind(config, loaded) -> str:
   """The head to build: model.head, with auto -> the checkpoint family's own sequence-classification head
-  (ElectraForSequenceClassification's, RobertaForSequenceClassification's), else BERT's pooler."""
+  (ElectraForSequenceClassification's, RobertaForSequenceClassification's, ModernBertForSequenceClassification's),
+  else BERT's pooler."""
   if config.model.head != "auto":
     return config.model.head
   family = hf_configs.family_for(loaded.config)
-  return family if family in ("electra", "roberta") else "pooler"
+  return family if family in ("electra", "roberta", "modernbert") else "pooler"
 
 
 def pretrained_pooler(loaded):
-  """The checkpoint's NSP/SOP pooler (a pretraining workdir's sentence head, or an import's), or None."""
+  """The checkpoint's NSP/SOP pooler (a pretraining workdir's sentence head, or an import's: BertModel's pooler,
+  ModernBertForSequenceClassification's head), or None."""
   return loaded.params.get("sentence", {}).get("pooler", loaded.pooler)
 
 
@@ -65,14 +69,16 @@ def prepare(config, loaded) -> TaskData:
       eval=eval_arrays,
       info=dict(train_examples=len(train_ex.a), eval_examples=len(evals[0].a), **extra_counts,
                 skipped_rows=train_ex.skipped + sum(ex.skipped for ex in evals), head=head,
-                pooler="none" if head != "pooler" else "pretrained" if pooler is not None else "fresh"),
+                pooler=("none" if head not in ("pooler", "modernbert") else "pretrained" if pooler is not None
+                        else "fresh")),
       model=dict(num_outputs=len(task_data.label_names(task)) or 1, head=head))
 
 
 def model(config, cfg, data: TaskData, deterministic: bool) -> task_model.Classifier:
   """The Classifier over the encoder `cfg` (its head and outputs as `prepare` fixed them)."""
   return task_model.Classifier(cfg, data.model["num_outputs"], config.model.classifier_dropout,
-                               deterministic=deterministic, head=data.model["head"])
+                               deterministic=deterministic, head=data.model["head"],
+                               pooling=config.model.get("pooling", "cls"))
 
 
 def init_params(model, rng, loaded) -> tuple[dict, list]:
@@ -81,9 +87,10 @@ def init_params(model, rng, loaded) -> tuple[dict, list]:
 
 
 def loss(outputs, batch):
-  """Per-example loss [B]: squared error for one output (regression), else softmax cross-entropy."""
+  """Per-example loss [B] (packed rows: [B, slots]): squared error for one output (regression), else softmax
+  cross-entropy."""
   if outputs.shape[-1] == 1:
-    return (outputs[:, 0] - batch["label"]) ** 2
+    return (outputs[..., 0] - batch["label"]) ** 2
   return optax.softmax_cross_entropy_with_integer_labels(outputs, batch["label"])
 
 

@@ -14,10 +14,23 @@ from flax import linen as nn
 
 from bertjax.core import sharding as sh
 from bertjax.core.errors import UserError
-from bertjax.model.encoder import activation, dense, Embeddings, Encoder, EncoderConfig, token_dropout
+from bertjax.model.encoder import activation, dense, Embeddings, Encoder, EncoderConfig, layer_norm, token_dropout
 
 
-HEADS = ("pooler", "electra", "roberta")
+HEADS = ("pooler", "electra", "roberta", "modernbert")
+POOLINGS = ("cls", "mean")
+
+
+class PredictionHead(nn.Module):
+  """ModernBertPredictionHead: dense (bias as the encoder's use_bias), the activation, LayerNorm."""
+
+  cfg: EncoderConfig
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.cfg
+    x = dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "dense", c.use_bias)(x)
+    return layer_norm(c, "ln")(activation(c, x)).astype(c.dtype)
 
 
 class Classifier(nn.Module):
@@ -29,6 +42,8 @@ class Classifier(nn.Module):
            (task-specific), no tanh pooler.
   roberta  RobertaForSequenceClassification's RobertaClassificationHead: dropout, dense, tanh, dropout,
            linear (its out_proj) on <s>; all fresh, no pooler (RoBERTa's pooler is never used there).
+  modernbert  ModernBertForSequenceClassification's: [CLS] or the mean of the real tokens (`pooling`), then
+           dense, GELU, LayerNorm (`pooler`, pretrained when the checkpoint has it), dropout, linear.
   """
 
   cfg: EncoderConfig
@@ -36,19 +51,35 @@ class Classifier(nn.Module):
   classifier_dropout: float = 0.1
   deterministic: bool = True
   head: str = "pooler"
+  pooling: str = "cls"  # modernbert head: cls | mean
 
   @nn.compact
-  def __call__(self, input_ids, type_ids, groups, head_gates=None):
-    """head_gates: optional [layers, heads] multipliers of the attention heads (bertjax.compress.prune)."""
+  def __call__(self, input_ids, type_ids, groups, head_gates=None, position_ids=None, cls_positions=None):
+    """head_gates: optional [layers, heads] multipliers of the attention heads (bertjax.compress.prune).
+    Packed rows (bertjax.finetune.batches.packed): `position_ids` [B, S] restart at each example, `groups` tell
+    the examples apart, and `cls_positions` [B, K] name each example's [CLS]: outputs are then [B, K, outputs]."""
     c = self.cfg
-    x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic)
-    hidden = Encoder(c, self.deterministic, name="encoder")(x, groups, head_gates)
+    x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic, position_ids)
+    hidden = Encoder(c, self.deterministic, name="encoder")(x, groups, head_gates, position_ids)
+    cls = hidden[:, 0] if cls_positions is None else jnp.take_along_axis(hidden, cls_positions[..., None], axis=1)
     drop = lambda h: nn.Dropout(self.classifier_dropout)(h, deterministic=self.deterministic)
-    if self.head in ("electra", "roberta"):  # their dense is "transform", their out_proj "classifier"
-      h = dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "transform")(drop(hidden[:, 0]))
+    if self.head == "modernbert":
+      if self.pooling == "mean" and cls_positions is None:  # over the real tokens (HF: attention_mask)
+        w = (groups > 0).astype(jnp.float32)[..., None]
+        pooled = ((hidden.astype(jnp.float32) * w).sum(1) / w.sum(1)).astype(c.dtype)
+      elif self.pooling == "mean":  # packed: over each example's tokens (slot k holds group k + 1)
+        slots = jnp.arange(cls_positions.shape[1])[None, :, None] + 1
+        w = (groups[:, None, :] == slots).astype(jnp.float32)  # [B, K, S]
+        total = jnp.einsum("bks,bsh->bkh", w, hidden.astype(jnp.float32))
+        pooled = (total / jnp.maximum(w.sum(-1, keepdims=True), 1.0)).astype(c.dtype)
+      else:
+        pooled = cls
+      pooled = drop(PredictionHead(c, name="pooler")(pooled))
+    elif self.head in ("electra", "roberta"):  # their dense is "transform", their out_proj "classifier"
+      h = dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "transform")(drop(cls))
       pooled = drop(jnp.tanh(h) if self.head == "roberta" else activation(c, h))
     else:
-      pooled = drop(jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pooler")(hidden[:, 0])))
+      pooled = drop(jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pooler")(cls)))
     return dense(c, c.hidden_size, self.num_outputs, (sh.EMBED, None), "classifier")(pooled).astype(jnp.float32)
 
 
@@ -105,7 +136,8 @@ def init_params(model: Classifier, rng, pretrained: dict, pooler: dict | None) -
                       "the checkpoint's own?")
     params[name] = jax.tree.map(jnp.asarray, pretrained[name])
   new = [name for name in params if name not in ("embeddings", "encoder")]
-  if pooler is not None and "pooler" in params:
+  fits = lambda a, b: jax.tree.structure(jax.tree.map(np.shape, a)) == jax.tree.structure(jax.tree.map(np.shape, b))
+  if pooler is not None and "pooler" in params and fits(pooler, params["pooler"]):  # (a BERT pooler is no ModernBERT head)
     params["pooler"] = jax.tree.map(jnp.asarray, pooler)
     new.remove("pooler")
   return params, sorted(new)
@@ -120,7 +152,8 @@ def save_model(directory: str, run_config, model: Classifier, params) -> None:
   a head-pruned model is written the same way with fewer heads in its config)."""
   from bertjax.hf import workdir as wd
 
-  head = dict(head=model.head, num_outputs=model.num_outputs, classifier_dropout=model.classifier_dropout)
+  head = dict(head=model.head, num_outputs=model.num_outputs, classifier_dropout=model.classifier_dropout,
+              pooling=model.pooling)
   wd.write(directory, run_config, params, head)
   with open(os.path.join(directory, "classifier.json"), "w") as f:
     json.dump(head, f, indent=2)
@@ -151,7 +184,8 @@ def load_model(directory: str, cfg: EncoderConfig | None = None) -> tuple:
     head = json.load(f)
   run_config = wd.load_config(directory)
   model = Classifier(cfg or model_config.encoder_config(run_config.model), head["num_outputs"],
-                     head["classifier_dropout"], deterministic=True, head=head["head"])
+                     head["classifier_dropout"], deterministic=True, head=head["head"],
+                     pooling=head.get("pooling", "cls"))
   return run_config, model, restore_params(directory, model)
 
 

@@ -1,6 +1,7 @@
 """Fine-tuned token-classification, multiple-choice and sequence-classification models on disk: bertjax's own
 directory (what fine-tuning writes to WORKDIR/seed_S/model) and transformers' `*ForTokenClassification`,
-`*ForSequenceClassification` (BERT, RoBERTa, ALBERT, ELECTRA) and `BertForMultipleChoice` directories, in and out.
+`*ForSequenceClassification` (BERT, RoBERTa, ALBERT, ELECTRA, ModernBERT) and `BertForMultipleChoice`
+directories, in and out.
 
 A bertjax task model is a single-model workdir (interop.workdir.write: config.json, the step-0 params
 checkpoint) plus `task.json` (kind, labels, head dropout and the windowing that goes with the model); a
@@ -21,7 +22,7 @@ from bertjax.core.errors import UserError
 from bertjax.finetune import tag_metrics
 from bertjax.finetune import model as ft_model
 from bertjax.finetune.model import Classifier, MultipleChoice, TokenClassifier, restore_params
-from bertjax.hf import configs, convert, safetensors_io, tokenizers as hf_tokenizers, weights as W
+from bertjax.hf import configs, convert, modernbert as MB, safetensors_io, tokenizers as hf_tokenizers, weights as W
 from bertjax.hf import workdir as wd
 
 TASK_FILE = "task.json"
@@ -30,9 +31,11 @@ TOKEN_CLASSES = {"bert": "BertForTokenClassification", "roberta": "RobertaForTok
                  "albert": "AlbertForTokenClassification", "electra": "ElectraForTokenClassification"}
 CHOICE_CLASSES = {"bert": "BertForMultipleChoice"}
 SEQUENCE_CLASSES = {"bert": "BertForSequenceClassification", "roberta": "RobertaForSequenceClassification",
-                    "albert": "AlbertForSequenceClassification", "electra": "ElectraForSequenceClassification"}
+                    "albert": "AlbertForSequenceClassification", "electra": "ElectraForSequenceClassification",
+                    "modernbert": "ModernBertForSequenceClassification"}
 # The Classifier head each family's *ForSequenceClassification has (finetune.model.Classifier.head).
-SEQUENCE_HEADS = {"bert": "pooler", "albert": "pooler", "roberta": "roberta", "electra": "electra"}
+SEQUENCE_HEADS = {"bert": "pooler", "albert": "pooler", "roberta": "roberta", "electra": "electra",
+                  "modernbert": "modernbert"}
 
 
 @dataclasses.dataclass
@@ -57,7 +60,8 @@ def build(kind: str, run_config, info: dict, cfg=None):
   if kind == "multiple_choice":
     return MultipleChoice(cfg, 1, dropout, deterministic=True, head="pooler")
   if kind == "classification":
-    return Classifier(cfg, info["num_outputs"], dropout, deterministic=True, head=info["head"])
+    return Classifier(cfg, info["num_outputs"], dropout, deterministic=True, head=info.get("head", "pooler"),
+                      pooling=info.get("pooling", "cls"))
   raise UserError(f"task kind {kind!r}; bertjax saves {', '.join(KINDS)}")
 
 
@@ -99,7 +103,8 @@ def load(directory: str) -> TaskModel:
   path = os.path.join(directory, TASK_FILE)
   if os.path.isfile(os.path.join(directory, "classifier.json")):  # finetune.model.save_model's classifier
     run_config, model, params = ft_model.load_model(directory)
-    info = dict(head=model.head, num_outputs=model.num_outputs, classifier_dropout=model.classifier_dropout)
+    info = dict(head=model.head, num_outputs=model.num_outputs, classifier_dropout=model.classifier_dropout,
+                pooling=model.pooling)
     return TaskModel("classification", run_config, model, params, _classifier_tokenizer(directory, run_config), info)
   if not os.path.isfile(path):
     hf_dir = not os.path.isdir(os.path.join(directory, "checkpoints"))
@@ -146,9 +151,12 @@ def _kind_of(hf: dict, directory: str) -> str:
                   "*ForSequenceClassification and BertForMultipleChoice task models")
 
 
-def _sequence_head_entries(head: str, family: str) -> list:
-  """The weight map of a *ForSequenceClassification head: BERT's / ALBERT's pooler and classifier, or
-  RoBERTa's and ELECTRA's classifier.dense and classifier.out_proj (bertjax's transform and classifier)."""
+def _sequence_head_entries(head: str, family: str, use_bias: bool = True) -> list:
+  """The weight map of a *ForSequenceClassification head: BERT's / ALBERT's pooler and classifier,
+  RoBERTa's and ELECTRA's classifier.dense and classifier.out_proj (bertjax's transform and classifier), or
+  ModernBERT's head.dense, head.norm (bertjax's pooler) and classifier."""
+  if head == "modernbert":
+    return MB.classifier_head(use_bias)
   if head == "pooler":
     pooler = W.PREFIX[family] + ("pooler" if family == "albert" else "pooler.dense")
     return W.entries_of("pooler", pooler) + W.entries_of("classifier", "classifier")
@@ -161,19 +169,29 @@ def _read_sequence_classifier(hf_dir: str, hf: dict, imported, tensors: dict) ->
   if family not in SEQUENCE_HEADS:
     raise UserError(f"{family} sequence classifiers are not supported; bertjax reads {', '.join(SEQUENCE_CLASSES.values())}")
   head = SEQUENCE_HEADS[family]
-  out = "classifier.weight" if head == "pooler" else "classifier.out_proj.weight"
+  out = "classifier.out_proj.weight" if head in ("roberta", "electra") else "classifier.weight"
   if out not in tensors:
     raise UserError(f"{hf_dir} lacks the sequence-classification head's {out}")
   n, hidden = int(tensors[out].shape[0]), imported.config.model.hidden_size
   square = {"kernel": np.zeros((hidden, hidden)), "bias": np.zeros(hidden)}
   target = {"pooler": square, "transform": square, "classifier": {"kernel": np.zeros((hidden, n)), "bias": np.zeros(n)}}
-  params, missing = W.import_tensors(_sequence_head_entries(head, family), tensors, target)
+  entries = _sequence_head_entries(head, family)
+  if head == "modernbert":  # its head.dense and head.norm come with the encoder (imported.pooler)
+    entries, target = W.entries_of("classifier", "classifier"), {"classifier": target["classifier"]}
+  params, missing = W.import_tensors(entries, tensors, target)
   if missing:
     raise UserError(f"{hf_dir} lacks the sequence-classification head's {missing[0]}")
   params.update({k: imported.params[k] for k in ("embeddings", "encoder")})
   dropout = hf.get("classifier_dropout") or hf.get("classifier_dropout_prob") or hf.get("hidden_dropout_prob", 0.1)
+  info = {}
+  if head == "modernbert":
+    if imported.pooler is None:
+      raise UserError(f"{hf_dir} lacks ModernBERT's classification head (head.dense, head.norm)")
+    params["pooler"] = imported.pooler
+    dropout = hf.get("classifier_dropout", 0.0)  # 0.0 by default, which `or` would skip
+    info["pooling"] = hf.get("classifier_pooling", "cls")
   id2label = hf.get("id2label") or {}
-  info = dict(head=head, num_outputs=n, classifier_dropout=float(dropout), family=family,
+  info.update(head=head, num_outputs=n, classifier_dropout=float(dropout), family=family,
               labels=[id2label.get(str(i), f"LABEL_{i}") for i in range(n)] if n > 1 else [])
   model = build("classification", imported.config, info)
   return TaskModel("classification", imported.config, model, jax.tree.map(jnp.asarray, params), imported.tokenizer, info)
@@ -199,7 +217,7 @@ def read_hf(hf_dir: str) -> TaskModel:
                            "bias": np.zeros(tensors["classifier.bias"].shape)}}
   if kind == "multiple_choice":
     if imported.pooler is None:
-      raise UserError(f"{hf_dir} has no pooler; a BertForMultipleChoice checkpoint has bert.pooler.dense")
+      raise UserError(f"{hf_dir} has no pooler; a {hf.get('architectures')} checkpoint has one (bert.pooler.dense)")
     params["pooler"] = imported.pooler
   head, missing = W.import_tensors(entries, tensors, target)
   if missing:
@@ -242,6 +260,8 @@ def write_hf(task_model: TaskModel, out_dir: str, special=None) -> str:
     hf.update(num_labels=n, id2label={str(i): t for i, t in enumerate(names)}, label2id={t: i for i, t in enumerate(names)},
               problem_type="regression" if n == 1 else "single_label_classification")
   hf["classifier_dropout"] = task_model.info.get("classifier_dropout", 0.1)
+  if kind == "classification" and family == "modernbert":
+    hf["classifier_pooling"] = task_model.info.get("pooling", "cls")
   if family == "albert":
     hf["classifier_dropout_prob"] = hf["classifier_dropout"]
   params = jax.tree.map(np.asarray, task_model.params)
@@ -250,6 +270,7 @@ def write_hf(task_model: TaskModel, out_dir: str, special=None) -> str:
   if kind == "multiple_choice":
     entries += W.entries_of("pooler", W.PREFIX[family] + "pooler.dense")
   if kind == "classification":
-    entries = _sequence_head_entries(task_model.info["head"], family)
+    entries = _sequence_head_entries(task_model.info["head"], family,
+                                     model_config.encoder_config(config.model).use_bias)
   tensors.update(W.export_tensors(entries, params))
   return convert.write_dir(out_dir, hf, tensors, tok)

@@ -50,6 +50,9 @@ def validate(config):
   _check(config.optimizer.schedule in optim.SCHEDULES,
          f"optimizer.schedule={config.optimizer.schedule!r}; use one of {', '.join(optim.SCHEDULES)}")
   _check(config.get("length_window", 0) >= 0, f"length_window={config.get('length_window')} must be >= 0")
+  _check(not config.get("pack_train", False) or tasks.kind_of(config) == "classification",
+         f"pack_train=True packs classification batches only; this task is {tasks.kind_of(config)}: set "
+         "--config.pack_train=False")
   batches.bucket_lengths(config)
   tasks.get(config).validate(config)
 
@@ -117,16 +120,19 @@ def batch_loss(params, batch, rng, model, task_loss, head_gates=None):
   weigh 0). `task_loss(outputs, batch)` returns per-example losses [B], or (numerator [B], denominator [B])
   for a loss averaged over units other than examples (e.g. tokens). `rng` None for a deterministic model,
   `head_gates` [layers, heads] for bertjax.compress.prune's importance."""
+  packed = {k: batch[k] for k in ("position_ids", "cls_positions") if k in batch}  # packed rows (pack_train)
   out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"],
-                    *(() if head_gates is None else (head_gates,)), rngs={"dropout": rng} if rng is not None else {})
+                    *(() if head_gates is None else (head_gates,)), rngs={"dropout": rng} if rng is not None else {},
+                    **packed)
   return _mean_loss(task_loss(out, batch), batch)
 
 
 def stateful_loss(params, state, batch, rng, model, task_loss):
   """(batch_loss, the updated `state`): for a model whose forward pass updates non-trainable collections
   (`state`, e.g. q8bert's activation ranges), applied with them mutable."""
+  packed = {k: batch[k] for k in ("position_ids", "cls_positions") if k in batch}  # packed rows (pack_train)
   out, state = model.apply({"params": params, **state}, batch["input_ids"], batch["type_ids"], batch["groups"],
-                           rngs={"dropout": rng} if rng is not None else {}, mutable=list(state))
+                           rngs={"dropout": rng} if rng is not None else {}, mutable=list(state), **packed)
   return _mean_loss(task_loss(out, batch), batch), state
 
 
@@ -237,6 +243,8 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   result = {}
   for step in range(total):
     batch = train_batch(train, step, config, seed, layout)
+    if config.get("pack_train", False):  # several examples a row, no compute on padding (classification)
+      batch = batches.packed(batch, config.seq_len)
     params, opt_state, loss, *new_state = step_fn(params, opt_state, batch, jnp.uint32(seed), jnp.int32(step), state)
     state = new_state[0] if new_state else None
     losses.append(loss)

@@ -1,10 +1,11 @@
-"""HF config.json <-> bertjax run config, per family (bert, roberta, albert, electra)."""
+"""HF config.json <-> bertjax run config, per family (bert, roberta, albert, electra; modernbert in hf.modernbert)."""
 
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
+from bertjax.hf import modernbert
 from bertjax.model import config as model_config
 
-FAMILIES = ("bert", "roberta", "albert", "electra")
+FAMILIES = ("bert", "roberta", "albert", "electra", "modernbert")
 # HF hidden_act -> bertjax model.activation (gelu_pytorch_tanh is the same tanh approximation).
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new"}
 HF_ACTIVATION = {"gelu": "gelu", "gelu_new": "gelu_new"}
@@ -26,6 +27,8 @@ def family_of(hf: dict) -> str:
 
 def model_section(hf: dict, family: str) -> dict:
   """bertjax `model` keys of an HF config (one network: for ELECTRA, the one this config.json describes)."""
+  if family == "modernbert":
+    return modernbert.model_section(hf)
   act = hf.get("hidden_act", DEFAULT_HF_ACTIVATION.get(family, "gelu"))
   if act not in ACTIVATIONS:
     raise UserError(f"config.json has hidden_act {act!r}; bertjax supports {', '.join(ACTIVATIONS)}")
@@ -87,6 +90,8 @@ def from_hf(hf: dict, family: str, heads: set, generator: dict | None = None):
     c.optimizer.b2 = 0.98
   if family == "albert":
     c.optimizer.name = "lamb"
+  if family == "modernbert":  # configs/modernbert.py's data and masking (packed rows restart RoPE positions)
+    c.data.format, c.masking.mask_prob = "packed", 0.30
   return c
 
 
@@ -103,6 +108,8 @@ def family_for(config) -> str:
   m, objectives = config.model, config_lib.active_objectives(config)
   if "rtd" in objectives:
     return "electra"
+  if m.position == "rope" or m.norm == "pre" or m.ffn == "geglu":
+    return "modernbert"
   if m.type_vocab_size == 0:  # no segment embeddings: DistilBERT's shape
     return "distilbert"
   if m.position_offset:
@@ -116,6 +123,8 @@ def to_hf(config, family: str, architecture: str, special, generator: bool = Fal
   """config.json of one exported network (for ELECTRA, the discriminator or, with `generator`, the generator)."""
   m = config.model
   enc = model_config.encoder_config(m, generator=generator)
+  if family == "modernbert":
+    return modernbert.to_hf(config, enc, architecture, special)
   if enc.activation not in HF_ACTIVATION:
     raise UserError(f"model.activation={enc.activation!r} has no HF name")
   if m.sharing in ("attention", "ffn"):

@@ -19,7 +19,7 @@ import numpy as np
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
 from bertjax.data.tokenizer import SentencePieceTokenizer, SpecialIds, Tokenizer, WordPieceTokenizer
-from bertjax.hf import configs, safetensors_io, tokenizers as hf_tokenizers, weights as W
+from bertjax.hf import configs, modernbert as MB, safetensors_io, tokenizers as hf_tokenizers, weights as W
 from bertjax.model import config as model_config
 from bertjax.train import build
 
@@ -128,6 +128,8 @@ def read_hf(hf_dir: str, generator_dir: str = "", seed: int = 0) -> Imported:
   hf = _read_json(os.path.join(hf_dir, "config.json"), "config.json")
   family = configs.family_of(hf)
   tensors = _modern_names(safetensors_io.read_dir(hf_dir))
+  if family == "modernbert":
+    tensors = MB.split_qkv(tensors)
   prefix, heads = _prefix(family, tensors), _heads(family, tensors)
   gen_hf = gen_tensors = None
   if generator_dir:
@@ -141,10 +143,13 @@ def read_hf(hf_dir: str, generator_dir: str = "", seed: int = 0) -> Imported:
   enc = model_config.encoder_config(config.model)
   if family == "albert" and enc.embedding_size == enc.hidden_size:
     _albert_identity(tensors, prefix, enc.hidden_size)
-  entries = W.embeddings(prefix) + [e for e in _body(family, config, prefix)
-                                    if not (e.path.startswith("encoder/embedding_projection")
-                                            and enc.embedding_size == enc.hidden_size)]
-  if "mlm" in heads:
+  if family == "modernbert":
+    entries = MB.body(prefix, enc.num_layers, enc.use_bias) + (MB.mlm_head(enc.use_bias) if "mlm" in heads else [])
+  else:
+    entries = W.embeddings(prefix) + [e for e in _body(family, config, prefix)
+                                      if not (e.path.startswith("encoder/embedding_projection")
+                                              and enc.embedding_size == enc.hidden_size)]
+  if "mlm" in heads and family != "modernbert":
     entries += W.mlm_head(family)
   if "sentence" in heads:
     entries += W.sentence_head(family, prefix)
@@ -162,20 +167,31 @@ def read_hf(hf_dir: str, generator_dir: str = "", seed: int = 0) -> Imported:
     if emb is not None and not np.allclose(emb, params["embeddings"]["word"], atol=1e-5):
       raise UserError("the generator's embeddings differ from the discriminator's; bertjax's ELECTRA shares "
                       "one table, so import the networks separately")
-  essential = [n for n in missing if "embeddings." in n or ".layer." in n or "albert_layer" in n]
+  essential = [n for n in missing if "embeddings." in n or ".layer." in n or "albert_layer" in n
+               or (family == "modernbert" and not n.startswith(("head.", "decoder.")))]
   if essential:
     raise UserError(f"{hf_dir} lacks {len(essential)} encoder tensors (e.g. {essential[0]}); is it a {family} "
                     "checkpoint matching its config.json?")
   pooler = None
   pooler_name = prefix + ("pooler" if family == "albert" else "pooler.dense")
-  if "sentence" not in heads and pooler_name + ".weight" in tensors:
+  if family == "modernbert" and "mlm" not in heads and "head.dense.weight" in tensors:
+    # ModernBertForSequenceClassification's head (dense, act, norm): fine-tuning starts its pooler from it.
+    head = [e for e in MB.classifier_head(enc.use_bias) if e.path.startswith("pooler/")]
+    h = enc.hidden_size
+    target = {"pooler": {"dense": {"kernel": np.zeros((h, h)), "bias": np.zeros(h)},
+                         "ln": {"scale": np.zeros(h), "bias": np.zeros(h)}}}
+    pooler = W.import_tensors(head, tensors, target)[0]["pooler"]
+    used |= {n for e in head for n in e.hf}
+  elif "sentence" not in heads and pooler_name + ".weight" in tensors:
     target = {"pooler": {"kernel": np.zeros((enc.hidden_size,) * 2), "bias": np.zeros(enc.hidden_size)}}
     pooler = W.import_tensors(W.entries_of("pooler", pooler_name), tensors, target)[0]["pooler"]
     used |= {pooler_name + ".weight", pooler_name + ".bias"}
   fresh = [path for path in _paths(shapes) if not W.has(params, path)]
   for path in fresh:
     W.put(params, path, fresh_leaf(path, W.get(shapes, path).shape, config.model.init_std, seed))
-  unused = sorted(n for n in tensors if n not in used and not n.endswith(_TIED))
+  # (a fused Wqkv is used through its q, k, v thirds, the "NAME:q" names of MB.split_qkv)
+  unused = sorted(n for n in tensors if n not in used and not n.endswith(_TIED) and ":" not in n
+                  and n + ":q" not in used)
   tok = None
   if hf_tokenizers.has_tokenizer(hf_dir):
     tok = hf_tokenizers.from_dir(hf_dir)
@@ -192,6 +208,7 @@ ARCHITECTURES = {  # (family, has sentence head) -> HF class of the exported net
     ("roberta", False): "RobertaForMaskedLM",
     ("albert", False): "AlbertForMaskedLM", ("albert", True): "AlbertForPreTraining",
     ("distilbert", False): "DistilBertForMaskedLM",
+    ("modernbert", False): "ModernBertForMaskedLM",  # its base model loads as ModernBertModel too
 }
 
 
@@ -227,6 +244,8 @@ def encoder_tensors(config, params, family: str, special: SpecialIds, generator:
   prefix = W.PREFIX[family]
   enc = model_config.encoder_config(config.model, generator=generator)
   scope = "generator_encoder" if generator else "encoder"
+  if family == "modernbert":  # fused q/k/v, per-layer norms shifted by one (bertjax.hf.modernbert)
+    return MB.join_qkv(W.export_tensors(MB.body(prefix, enc.num_layers, enc.use_bias), params))
   if family == "distilbert":  # no segment embeddings; layers under transformer.layer.{i}
     entries = [e for e in W.embeddings(prefix) if e.path != "embeddings/type"] + W.distilbert_encoder(
         prefix, enc.num_layers)
@@ -259,6 +278,8 @@ def _network(config, params, family: str, generator: bool, special: SpecialIds, 
   hf = configs.to_hf(config, family, arch, special, generator=generator)
   if family == "electra":
     entries = W.mlm_head("electra", "generator_mlm") if generator else W.rtd_head()
+  elif family == "modernbert":
+    entries = MB.mlm_head(configs.model_config.encoder_config(config.model).use_bias)
   else:
     entries = W.mlm_head(family) + (W.sentence_head(family, W.PREFIX[family]) if sentence else [])
   if pooler is not None and not sentence and not generator and family in ("bert", "roberta", "albert"):

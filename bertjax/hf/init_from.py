@@ -33,7 +33,13 @@ ARCHITECTURE = dict(
     num_heads="num_attention_heads", intermediate_size="intermediate_size", embedding_size="embedding_size",
     max_positions="max_position_embeddings", type_vocab_size="type_vocab_size", layer_norm_eps="layer_norm_eps",
     activation="hidden_act", position_offset="pad_token_id", sharing="model_type",
-    num_hidden_groups="num_hidden_groups", generator_fraction="the generator's hidden_size")
+    num_hidden_groups="num_hidden_groups", generator_fraction="the generator's hidden_size",
+    # ModernBERT's options (bertjax.hf.modernbert); other families' checkpoints get the defaults (BERT's).
+    position="model_type", rope_theta="rope_parameters", local_rope_theta="rope_parameters", ffn="model_type",
+    norm="model_type", use_bias="attention_bias", local_window="local_attention", global_every="layer_types",
+    layer_types="layer_types")
+MODERN_KEYS = ("position", "rope_theta", "local_rope_theta", "ffn", "norm", "use_bias", "local_window",
+               "global_every", "layer_types")
 
 
 def is_hf(spec: str) -> bool:
@@ -76,6 +82,9 @@ def resolve(config, overridden=()):
   arch = {k: v for k, v in configs.model_section(hf, family).items() if k in ARCHITECTURE}
   arch.setdefault("sharing", "none")
   arch.setdefault("num_hidden_groups", 1)
+  default = config_lib.defaults().model
+  for key in MODERN_KEYS:
+    arch.setdefault(key, default[key])
   if generator and "rtd" in config_lib.active_objectives(config):
     arch["generator_fraction"] = _read(generator)["hidden_size"] / hf["hidden_size"]
   c = config.copy_and_resolve_references()

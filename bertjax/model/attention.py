@@ -16,6 +16,13 @@ Fused kernels have no dropout on the attention probabilities, so choosing one ne
 ALBERT and ELECTRA were published with 0.1). Every implementation keeps attention inside each example's
 group (`groups`: 0 = padding, one id per packed example): the fused ones read it as segment ids, so a
 padding token attends only to padding and no query row is ever fully masked.
+
+Local (sliding-window) layers, as ModernBERT alternates them with global ones, see only keys at most
+`half_window` positions away (|q - k| <= half_window, transformers' bidirectional sliding-window mask), in
+every implementation: xla, dot_product and cudnn add the band to their mask (whether a layer is local may be a
+traced value inside the layer scan; cuDNN's `local_window_size` has no right-hand window without a causal mask);
+splash builds a `LocalMask` and a full kernel and `lax.cond` picks the layer's (a kernel's mask is static), so
+the scan keeps one body and compile time stays flat in depth.
 """
 
 import math
@@ -84,19 +91,45 @@ def segment_mask(groups):
   return (groups[:, :, None] == groups[:, None, :])[:, None]
 
 
-def fused(impl: str, q, k, v, groups, scale: float, interpret: bool = False):
+def band(seq_len: int, half_window: int):
+  """[S, S] boolean: key within half_window positions of the query."""
+  i = jnp.arange(seq_len)
+  return jnp.abs(i[:, None] - i[None, :]) <= half_window
+
+
+def window_bias(seq_len: int, half_window: int, local):
+  """Additive [1, 1, S, S] bias of a local layer for the xla implementation (0 everywhere when `local` is
+  False; `local` may be traced)."""
+  outside = jnp.logical_and(local, jnp.logical_not(band(seq_len, half_window)))
+  return jnp.where(outside, -1e9, 0.0).astype(jnp.float32)[None, None]
+
+
+def _pick(local, local_fn, global_fn):
+  """local_fn() on a local layer, else global_fn(): a Python branch when `local` is known, lax.cond in the scan."""
+  if local is False or local is True:
+    return local_fn() if local else global_fn()
+  return jax.lax.cond(local, local_fn, global_fn)
+
+
+def fused(impl: str, q, k, v, groups, scale: float, interpret: bool = False, local=False, half_window: int = 0):
   """The context [B, S, H, D] of queries, keys and values [B, S, H, D] under a fused (dropout-free)
-  implementation; `groups` [B, S] keeps attention inside each example. `interpret` runs splash in Pallas'
-  interpreter (any platform: tests)."""
+  implementation; `groups` [B, S] keeps attention inside each example, `local` (a bool, or traced) limits it to
+  `half_window` positions either side. `interpret` runs splash in Pallas' interpreter (any platform: tests)."""
   if impl in ("dot_product", "cudnn"):
-    return jax.nn.dot_product_attention(q, k, v, mask=segment_mask(groups), scale=scale,
+    # The segment mask is a dense [B, 1, S, S] operand already, so a local layer's band joins it (cuDNN's own
+    # local_window_size has no right-hand window without a causal mask).
+    mask = segment_mask(groups)
+    if local is not False:
+      mask = mask & jnp.logical_or(jnp.logical_not(local), band(q.shape[1], half_window))
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale,
                                         implementation="xla" if impl == "dot_product" else "cudnn")
   if impl == "splash":
-    return splash(q, k, v, groups, scale, interpret)
+    call = lambda window: splash(q, k, v, groups, scale, interpret, window)
+    return _pick(local, lambda: call(half_window), lambda: call(None))
   raise ValueError(f"no fused attention {impl!r}")
 
 
-def _splash_local(q, k, v, groups, scale: float, interpret: bool):
+def _splash_local(q, k, v, groups, scale: float, interpret: bool, half_window=None):
   """Splash attention on the examples and heads one device holds."""
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
@@ -105,7 +138,8 @@ def _splash_local(q, k, v, groups, scale: float, interpret: bool):
   block = 512 if s % 512 == 0 else SPLASH_BLOCK
   sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                         block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-  kernel = sk.make_splash_mha(sm.MultiHeadMask([sm.FullMask((s, s))] * h), block_sizes=sizes, head_shards=1,
+  one = sm.FullMask((s, s)) if half_window is None else sm.LocalMask((s, s), (half_window, half_window), offset=0)
+  kernel = sk.make_splash_mha(sm.MultiHeadMask([one] * h), block_sizes=sizes, head_shards=1,
                               q_seq_shards=1, interpret=interpret)
   heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # the kernel takes [H, S, D] per example
   out = jax.vmap(kernel)(heads_first(q * jnp.asarray(scale, q.dtype)), heads_first(k), heads_first(v),
@@ -113,18 +147,18 @@ def _splash_local(q, k, v, groups, scale: float, interpret: bool):
   return heads_first(out)
 
 
-def splash(q, k, v, groups, scale: float, interpret: bool = False):
+def splash(q, k, v, groups, scale: float, interpret: bool = False, half_window=None):
   """Splash attention over the mesh in context: a Pallas kernel is not partitioned by XLA, so it runs under
   shard_map with batch and heads split the way the logical axis rules split the activations (the sequence
-  stays whole)."""
+  stays whole). `half_window`: None, or a local layer's half window (a LocalMask kernel)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
-    return _splash_local(q, k, v, groups, scale, interpret)
+    return _splash_local(q, k, v, groups, scale, interpret, half_window)
   batch, heads = nn.logical_to_mesh_axes((sh.BATCH, sh.HEADS))
   if heads is not None and q.shape[2] % _size(mesh, heads):
     heads = None  # heads the tensor axis does not divide are kept whole, as their weights are
   qkv = P(batch, None, heads, None)
-  return jax.shard_map(lambda *a: _splash_local(*a, scale, interpret), mesh=mesh,
+  return jax.shard_map(lambda *a: _splash_local(*a, scale, interpret, half_window), mesh=mesh,
                        in_specs=(qkv, qkv, qkv, P(batch, None)), out_specs=qkv, check_vma=False)(q, k, v, groups)
 
 

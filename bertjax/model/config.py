@@ -23,7 +23,23 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       layer_norm_eps=m.layer_norm_eps, init_std=m.init_std, sharing=m.sharing,
       num_groups=m.num_hidden_groups if m.sharing != "none" else 1, dtype=DTYPES[m.dtype], remat=m.remat,
       scan_unroll=m.scan_unroll,
-      activation=m.activation, position_offset=m.position_offset, attention=impl, head_size=m.head_size)
+      activation=m.activation, position_offset=m.position_offset, attention=impl, head_size=m.head_size,
+      position=m.position, rope_theta=m.rope_theta, local_rope_theta=m.local_rope_theta, ffn=m.ffn, norm=m.norm,
+      use_bias=m.use_bias, local_layers=local_layers(m), local_window=m.local_window, init=m.init)
+
+
+LAYER_TYPES = ("global", "local")
+
+
+def local_layers(m) -> tuple:
+  """Per layer, whether it attends locally: model.layer_types when given, else every layer but each
+  global_every-th (layers 0, global_every, 2 x global_every, ... are global; ModernBERT: every third);
+  () when model.local_window is 0 (every layer global)."""
+  if not m.local_window:
+    return ()
+  if m.layer_types:
+    return tuple(t.strip() == "local" for t in m.layer_types.split(","))
+  return tuple(i % m.global_every != 0 for i in range(m.num_layers))
 
 
 def validate(config):
@@ -39,6 +55,29 @@ def validate(config):
   check(m.dtype in DTYPES, f"model.dtype={m.dtype!r}; use one of {', '.join(DTYPES)}")
   check(m.num_hidden_groups >= 1 and m.num_layers % m.num_hidden_groups == 0,
         f"model.num_hidden_groups={m.num_hidden_groups} must divide model.num_layers={m.num_layers}")
+  _validate_modern(m)
+
+
+def _validate_modern(m):
+  """The ModernBERT-class options: their names, and a pattern of local layers that fits the model."""
+  check(m.position in ("learned", "rope"), f"model.position={m.position!r}; use learned or rope")
+  check(m.ffn in ("mlp", "geglu"), f"model.ffn={m.ffn!r}; use mlp or geglu")
+  check(m.norm in ("post", "pre"), f"model.norm={m.norm!r}; use post or pre")
+  check(m.init in ("bert", "modernbert"), f"model.init={m.init!r}; use bert or modernbert")
+  check(m.position == "learned" or (m.head_size or m.hidden_size // m.num_heads) % 2 == 0,
+        "model.position=rope rotates pairs of a head's dimensions; use an even head width")
+  check(m.position == "learned" or (m.rope_theta > 0 and m.local_rope_theta > 0),
+        f"model.rope_theta={m.rope_theta} and model.local_rope_theta={m.local_rope_theta} must be positive")
+  check(m.local_window >= 0 and m.global_every >= 1,
+        f"model.local_window={m.local_window} must be >= 0 and model.global_every={m.global_every} >= 1")
+  if m.layer_types:
+    kinds = [t.strip() for t in m.layer_types.split(",")]
+    bad = [t for t in kinds if t not in LAYER_TYPES]
+    check(not bad, f"model.layer_types has {bad[0]!r}; use a comma-separated list of global and local")
+    check(len(kinds) == m.num_layers, f"model.layer_types names {len(kinds)} layers but model.num_layers="
+          f"{m.num_layers}; give one type per layer")
+    check(m.local_window > 0 or "local" not in kinds,
+          "model.layer_types has local layers but model.local_window=0; set --config.model.local_window")
 
 
 def validate_attention(config):

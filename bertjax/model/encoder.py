@@ -1,6 +1,7 @@
 """The BERT-family encoder: embeddings, post-LN transformer layers scanned over depth, ALBERT sharing.
 
-One encoder serves BERT, RoBERTa, ALBERT and ELECTRA. Its hyperparameters come in a frozen
+One encoder serves BERT, RoBERTa, ALBERT and ELECTRA, and ModernBERT-class encoders through options (rotary
+positions, GeGLU, pre-LayerNorm, no biases, alternating local/global attention; docs/modernbert.md). Its hyperparameters come in a frozen
 `EncoderConfig`; every parameter carries logical axis names (bertjax.core.sharding) so that sharding is a
 config choice. Layers run under `nn.scan` (stacked parameters, compile time flat in depth). ALBERT's
 cross-layer sharing keeps a shared block once per group *outside* the scan and hands it to every scanned
@@ -18,6 +19,7 @@ from flax import linen as nn
 
 from bertjax.core import sharding as sh
 from bertjax.model import attention as attention_lib
+from bertjax.model import rope as rope_lib
 
 SHARING_MODES = ("none", "all", "attention", "ffn")
 # Up to this depth the layer scan is unrolled (same parameters, initialization and randomness): a rolled
@@ -76,10 +78,24 @@ class EncoderConfig:
   # cut to a shorter length bucket gets the fixed-length batch's masks cut to its length: buckets change
   # the cost of a step, not its randomness (bertjax.finetune.batches).
   dropout_length: int = 0
+  # ModernBERT-class options (docs/modernbert.md); the defaults are BERT's and change nothing.
+  position: str = "learned"  # learned (absolute table) | rope (rotary, from position_ids; no table)
+  rope_theta: float = 160_000.0  # RoPE base of the global-attention layers (ModernBERT's global_rope_theta)
+  local_rope_theta: float = 10_000.0  # ... of the local (sliding-window) layers (ModernBERT's local_rope_theta)
+  ffn: str = "mlp"  # mlp (dense-act-dense) | geglu (act(x W_in) * (x W_gate), then W_out; intermediate x2)
+  norm: str = "post"  # post (BERT) | pre (LN before each block, a final LN; the first layer's attention LN skipped)
+  use_bias: bool = True  # biases of the encoder's dense layers, its LayerNorms and the MLM transform
+  local_layers: tuple = ()  # per layer, True: sliding-window attention; empty: every layer global
+  local_window: int = 0  # a local layer's whole window: a token sees tokens at most local_window // 2 away
+  init: str = "bert"  # bert (truncated normal init_std everywhere) | modernbert (output projections / sqrt(2 L))
 
   @property
   def head_dim(self) -> int:
     return self.head_size or self.hidden_size // self.num_heads
+
+  @property
+  def half_window(self) -> int:
+    return self.local_window // 2
 
 
 _SQRT_HALF, _INV_SQRT_2PI = 0.5**0.5, (2 * 3.141592653589793) ** -0.5
@@ -114,9 +130,12 @@ def activation(cfg: EncoderConfig, x):
   return gelu(x)
 
 
-def _init(cfg: EncoderConfig, names):
-  """Truncated-normal(0.02) initializer (BERT's) carrying logical axis names."""
-  return nn.with_logical_partitioning(nn.initializers.truncated_normal(cfg.init_std), names)
+def _init(cfg: EncoderConfig, names, out: bool = False):
+  """Truncated-normal(0.02) initializer (BERT's: cut at 2 std) carrying logical axis names. Under init=modernbert an
+  output projection (`out`: attention and FFN outputs, the MLM transform) gets std init_std / sqrt(2 x layers), as
+  transformers' ModernBertPreTrainedModel._init_weights ("out"; cutoff factor 2 as well)."""
+  std = cfg.init_std / math.sqrt(2 * cfg.num_layers) if out and cfg.init == "modernbert" else cfg.init_std
+  return nn.with_logical_partitioning(nn.initializers.truncated_normal(std), names)
 
 
 def _zeros(names):
@@ -163,17 +182,21 @@ class LayerNorm(nn.Module):
 
   epsilon: float
   names: tuple  # logical axis name of the normalized axis
+  use_bias: bool = True  # False: no `bias` parameter (ModernBERT's norm_bias=False)
 
   @nn.compact
   def __call__(self, x):
     scale = self.param("scale", _ones(self.names), (x.shape[-1],), jnp.float32)
-    bias = self.param("bias", _zeros(self.names), (x.shape[-1],), jnp.float32)
+    if self.use_bias:
+      bias = self.param("bias", _zeros(self.names), (x.shape[-1],), jnp.float32)
+    else:
+      bias = jnp.zeros_like(scale)
     return _layer_norm(x.astype(jnp.float32), scale, bias, self.epsilon)
 
 
 def layer_norm(cfg: EncoderConfig, name: str, names=(sh.EMBED,)) -> LayerNorm:
-  """BERT's LayerNorm (eps from the config) in float32."""
-  return LayerNorm(cfg.layer_norm_eps, tuple(names), name=name)
+  """BERT's LayerNorm (eps from the config) in float32; without a bias where the config has none."""
+  return LayerNorm(cfg.layer_norm_eps, tuple(names), cfg.use_bias, name=name)
 
 
 def _threefry2x32(k0, k1, x0, x1):
@@ -269,21 +292,23 @@ class Dense(nn.Module):
   in_shape: tuple
   out_shape: tuple
   names: tuple  # logical names of the kernel's axes: in axes then out axes
+  use_bias: bool = True
+  out: bool = False  # an output projection (init=modernbert scales its init)
 
   @nn.compact
   def __call__(self, x):
     n_in = len(self.in_shape)
-    kernel = self.param("kernel", _init(self.cfg, self.names), self.in_shape + self.out_shape)
-    bias = self.param("bias", _zeros(self.names[n_in:]), self.out_shape)
+    kernel = self.param("kernel", _init(self.cfg, self.names, self.out), self.in_shape + self.out_shape)
+    bias = self.param("bias", _zeros(self.names[n_in:]), self.out_shape) if self.use_bias else None
     return self.product(x, kernel, bias)
 
   def product(self, x, kernel, bias):
-    """x @ kernel + bias in the compute dtype. A method of its own so that a quantizer can intercept it with
+    """x @ kernel (+ bias) in the compute dtype. A method of its own so that a quantizer can intercept it with
     its operands in hand (flax nn.intercept_methods; bertjax.compress.q8bert)."""
     # flax's promote_dtype (as nn.Dense calls it): quantization libraries intercept it (qwix: bertjax.compress.quantize).
     x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.cfg.dtype)
-    n_in = len(self.in_shape)
-    return tokens_matmul(x, kernel, n_in, flat_kernel=not self.cfg.quantizable) + bias.astype(self.cfg.dtype)
+    y = tokens_matmul(x, kernel, len(self.in_shape), flat_kernel=not self.cfg.quantizable)
+    return y if bias is None else y + bias.astype(self.cfg.dtype)
 
 
 def tokens_matmul(x, kernel, n_in: int, flat_kernel: bool = True):
@@ -306,21 +331,24 @@ def tokens_matmul(x, kernel, n_in: int, flat_kernel: bool = True):
   return y.reshape(*lead, *out_shape)
 
 
-def dense(cfg: EncoderConfig, in_shape, out_shape, names, name: str) -> Dense:
-  """A Dense layer in the compute dtype; shapes are ints or tuples of ints."""
+def dense(cfg: EncoderConfig, in_shape, out_shape, names, name: str, bias: bool = True, out: bool = False) -> Dense:
+  """A Dense layer in the compute dtype; shapes are ints or tuples of ints. `bias=False`: no bias parameter
+  (the encoder's own layers pass cfg.use_bias; task heads keep theirs). `out`: an output projection (see _init)."""
   as_tuple = lambda s: tuple(s) if isinstance(s, (tuple, list)) else (s,)
-  return Dense(cfg, as_tuple(in_shape), as_tuple(out_shape), tuple(names), name=name)
+  return Dense(cfg, as_tuple(in_shape), as_tuple(out_shape), tuple(names), bias, out, name=name)
 
 
 class Embeddings(nn.Module):
-  """Token + learned absolute position + segment embeddings, LayerNorm and dropout, width E."""
+  """Token + learned absolute position (none under rotary positions) + segment embeddings, LayerNorm and
+  dropout, width E."""
 
   cfg: EncoderConfig
 
   def setup(self):
     c = self.cfg
     self.word = self.param("word", _init(c, (sh.VOCAB, sh.EMBED)), (c.vocab_size, c.embedding_size))
-    self.position = self.param("position", _init(c, (None, sh.EMBED)), (c.max_positions, c.embedding_size))
+    if c.position == "learned":  # rope: positions enter every attention layer instead (Encoder)
+      self.position = self.param("position", _init(c, (None, sh.EMBED)), (c.max_positions, c.embedding_size))
     if c.type_vocab_size:  # 0: no segment embeddings (DistilBERT)
       self.type = self.param("type", _init(c, (None, sh.EMBED)), (c.type_vocab_size, c.embedding_size))
     self.ln = layer_norm(c, "ln")
@@ -330,7 +358,9 @@ class Embeddings(nn.Module):
     """position_ids [B, S] restart the positions of packed examples; default 0..S-1 (+ offset)."""
     word, position, type_table = self.tables()
     x = jnp.take(word, input_ids, axis=0)
-    if position_ids is None:
+    if position is None:
+      pos = 0
+    elif position_ids is None:
       pos = position[None, self.cfg.position_offset : self.cfg.position_offset + input_ids.shape[1]]
     else:
       pos = jnp.take(position, position_ids + self.cfg.position_offset, axis=0)
@@ -341,7 +371,8 @@ class Embeddings(nn.Module):
   def tables(self):
     """(word, position, segment or None) tables as the lookups read them: a method of its own so that a
     quantizer can intercept it (flax nn.intercept_methods; bertjax.compress.q8bert)."""
-    return self.word, self.position, self.type if self.cfg.type_vocab_size else None
+    return (self.word, self.position if self.cfg.position == "learned" else None,
+            self.type if self.cfg.type_vocab_size else None)
 
   def attend(self, x):
     """Logits against the word embeddings: the MLM decoder tied to the input embeddings."""
@@ -356,16 +387,23 @@ class Block(nn.Module):
 
 
 class Attention(Block):
-  """Multi-head self-attention with residual and post-LayerNorm (BERT's attention sub-layer)."""
+  """Multi-head self-attention: with residual and post-LayerNorm (BERT's attention sub-layer), or under
+  norm=pre the block's output alone (the layer adds it to the residual stream)."""
 
   @nn.compact
-  def __call__(self, x, mask, head_gates=None):
+  def __call__(self, x, mask, head_gates=None, rope=None, local=False):
     """`mask`: the additive bias [B, 1, S, S] of `attention_bias` for the xla implementation, the groups
-    [B, S] for a fused one (`attention_mask`). `head_gates`: optional [heads] of this layer (bertjax.compress.prune)."""
+    [B, S] for a fused one (`attention_mask`). `head_gates`: optional [heads] of this layer (bertjax.compress.prune).
+    `rope`: this layer's (cos, sin) [B, S, head_dim / 2] (bertjax.model.rope), or None. `local`: whether this
+    layer attends within its sliding window (a bool, or a traced one inside the layer scan)."""
     c = self.cfg
-    proj = lambda n: dense(c, c.hidden_size, (c.num_heads, c.head_dim), (sh.EMBED, sh.HEADS, sh.KV), n)
+    proj = lambda n: dense(c, c.hidden_size, (c.num_heads, c.head_dim), (sh.EMBED, sh.HEADS, sh.KV), n, c.use_bias)
     q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
+    if rope is not None:
+      q, k = rope_lib.apply(q, rope), rope_lib.apply(k, rope)
     if c.attention == "xla":
+      if local is not False:  # keys further than the half window away are masked on local layers
+        mask = mask + attention_lib.window_bias(x.shape[1], c.half_window, local)
       # Scores, mask and softmax in float32: bf16 softmax loses the small probabilities.
       scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
       probs = jax.nn.softmax(scores * c.head_dim**-0.5 + mask, axis=-1)
@@ -375,24 +413,39 @@ class Attention(Block):
       probs = token_dropout(c, c.attention_dropout, (2, 3))(probs, deterministic=self.deterministic)
       ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
     else:  # a fused kernel: no [B, H, S, S] array, no attention dropout (config validation sees to it)
-      ctx = attention_lib.fused(c.attention, q, k, v, mask, c.head_dim**-0.5).astype(c.dtype)
+      ctx = attention_lib.fused(c.attention, q, k, v, mask, c.head_dim**-0.5, local=local,
+                                half_window=c.half_window).astype(c.dtype)
     if head_gates is not None:  # 0 removes a head exactly (its context never reaches the output projection)
       ctx = ctx * head_gates.astype(ctx.dtype)[:, None]
-    out = dense(c, (c.num_heads, c.head_dim), c.hidden_size, (sh.HEADS, sh.KV, sh.EMBED), "output")(ctx)
+    out = dense(c, (c.num_heads, c.head_dim), c.hidden_size, (sh.HEADS, sh.KV, sh.EMBED), "output", c.use_bias,
+                out=True)(ctx)
     out = token_dropout(c, c.dropout)(out, deterministic=self.deterministic)
+    if c.norm == "pre":
+      return out.astype(c.dtype)
     return layer_norm(c, "ln")(x + out).astype(c.dtype)
 
 
 class FeedForward(Block):
-  """Position-wise FFN (exact GELU) with residual and post-LayerNorm."""
+  """Position-wise FFN with residual: post-LayerNorm (BERT: dense, exact GELU, dense, then LN(x + h)) or
+  pre-LayerNorm (x + FFN(LN(x))); `ffn=geglu` gates it (ModernBERT: act(x W_in) * (x W_gate), dropout, W_out;
+  one [H, 2, I] kernel, input half first as HF's Wi chunks it)."""
 
   @nn.compact
   def __call__(self, x):
     c = self.cfg
-    h = dense(c, c.hidden_size, c.intermediate_size, (sh.EMBED, sh.MLP), "intermediate")(x)
-    h = activation(c, h)
-    h = dense(c, c.intermediate_size, c.hidden_size, (sh.MLP, sh.EMBED), "output")(h)
-    h = token_dropout(c, c.dropout)(h, deterministic=self.deterministic)
+    h = layer_norm(c, "ln")(x).astype(c.dtype) if c.norm == "pre" else x
+    if c.ffn == "geglu":
+      h = dense(c, c.hidden_size, (2, c.intermediate_size), (sh.EMBED, None, sh.MLP), "intermediate", c.use_bias)(h)
+      h = activation(c, h[..., 0, :]) * h[..., 1, :]
+      h = token_dropout(c, c.dropout)(h, deterministic=self.deterministic)
+      h = dense(c, c.intermediate_size, c.hidden_size, (sh.MLP, sh.EMBED), "output", c.use_bias, out=True)(h)
+    else:
+      h = dense(c, c.hidden_size, c.intermediate_size, (sh.EMBED, sh.MLP), "intermediate", c.use_bias)(h)
+      h = activation(c, h)
+      h = dense(c, c.intermediate_size, c.hidden_size, (sh.MLP, sh.EMBED), "output", c.use_bias, out=True)(h)
+      h = token_dropout(c, c.dropout)(h, deterministic=self.deterministic)
+    if c.norm == "pre":
+      return (x + h).astype(c.dtype)
     return layer_norm(c, "ln")(x + h).astype(c.dtype)
 
 
@@ -411,29 +464,53 @@ def shared_blocks(sharing: str) -> tuple[str, ...]:
 
 
 class Layer(Block):
-  """One transformer layer; blocks it does not own come in as `shared` parameters (ALBERT sharing)."""
+  """One transformer layer; blocks it does not own come in as `shared` parameters (ALBERT sharing).
+
+  Under norm=pre the scan carries (x, LN(x)): each layer owns `out_ln`, the LayerNorm of its output, which
+  is the next layer's attention-input norm, and for the last layer the encoder's final norm. So the stack
+  holds ModernBERT's parameters exactly (no attention norm in the first layer, whose input is the already
+  normalized embeddings) while every layer stays alike for the scan."""
 
   @nn.compact
-  def __call__(self, x, layer_index, mask, shared, head_gates=None):
+  def __call__(self, carry, layer_index, mask, shared, head_gates=None, rope=None):
     c = self.cfg
+    pre = c.norm == "pre"
+    x, xn = carry if pre else (carry, None)
     group = layer_index * c.num_groups // c.num_layers  # ALBERT: consecutive layers form a group
+    local = layer_is_local(c, layer_index)
+    if rope is not None:
+      rope = rope_lib.select(rope, local)
     for name, block in BLOCKS.items():
-      args = (x, mask, head_gates) if name == "attention" else (x,)
+      args = (xn if pre else x, mask, head_gates, rope, local) if name == "attention" else (x,)
       if name in shared:
         params = jax.tree.map(lambda p: p[group], shared[name])
         rngs = {} if self.deterministic else {"dropout": self.make_rng("dropout")}
         shared_block = block(c, self.deterministic, parent=None)
         if self.is_mutable_collection("intermediates"):  # pass the block's sown values on, as its own would be
-          x, sown = shared_block.apply({"params": params}, *args, rngs=rngs, mutable="intermediates")
+          y, sown = shared_block.apply({"params": params}, *args, rngs=rngs, mutable="intermediates")
           for key, (value,) in sown.get("intermediates", {}).items():
             self.sow("intermediates", key, value)
         else:
-          x = shared_block.apply({"params": params}, *args, rngs=rngs)
+          y = shared_block.apply({"params": params}, *args, rngs=rngs)
       else:
-        x = block(c, self.deterministic, name=name)(*args)
+        y = block(c, self.deterministic, name=name)(*args)
+      x = x + y if pre and name == "attention" else y
     x = nn.with_logical_constraint(x, (sh.BATCH, sh.LENGTH, sh.ACT_EMBED))
     self.sow("intermediates", "hidden", x)  # kept only when asked for (distillation's layer losses)
+    if pre:
+      xn = nn.with_logical_constraint(layer_norm(c, "out_ln")(x).astype(c.dtype), (sh.BATCH, sh.LENGTH, sh.ACT_EMBED))
+      return (x, xn), None
     return x, None
+
+
+def layer_is_local(c: EncoderConfig, layer_index):
+  """Whether a layer uses sliding-window attention: a Python bool when every layer is alike, else a traced
+  bool read from the per-layer pattern at the scanned layer index."""
+  if not any(c.local_layers):
+    return False
+  if all(c.local_layers):
+    return True
+  return jnp.asarray(c.local_layers, bool)[layer_index]
 
 
 def sown_by_layers(intermediates, key: str):
@@ -481,8 +558,9 @@ class Encoder(Block):
   """E->H projection (if factorized) and `num_layers` scanned transformer layers."""
 
   @nn.compact
-  def __call__(self, x, groups, head_gates=None):
-    """head_gates: optional [layers, heads] multipliers of each head's output (1 = on, 0 = removed)."""
+  def __call__(self, x, groups, head_gates=None, position_ids=None):
+    """head_gates: optional [layers, heads] multipliers of each head's output (1 = on, 0 = removed).
+    position_ids: [B, S] positions (packed rows restart them per example) for rotary positions; default 0..S-1."""
     c = self.cfg
     if c.embedding_size != c.hidden_size:
       x = dense(c, c.embedding_size, c.hidden_size, (None, sh.EMBED), "embedding_projection")(x)
@@ -490,6 +568,11 @@ class Encoder(Block):
         name: self.param(name, _stacked_init(BLOCKS[name], c, c.num_groups))
         for name in shared_blocks(c.sharing)
     }
+    rope = None
+    if c.position == "rope":
+      if position_ids is None:
+        position_ids = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
+      rope = rope_lib.tables(c, position_ids)
     layer = Layer
     if REMAT_POLICIES[c.remat] is not None or c.remat == "full":
       layer = nn.remat(Layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
@@ -497,11 +580,14 @@ class Encoder(Block):
         layer,
         variable_axes={"params": 0, "intermediates": 0, QUANT_RANGES: 0},
         split_rngs={"params": True, "dropout": True},
-        in_axes=(0, nn.broadcast, nn.broadcast, 0),
+        in_axes=(0, nn.broadcast, nn.broadcast, 0, nn.broadcast),
         length=c.num_layers,
         metadata_params={nn.PARTITION_NAME: sh.LAYERS},
         unroll=layers_per_iteration(c),
     )
-    x, _ = scanned(c, self.deterministic, name="layers")(
-        x, jnp.arange(c.num_layers), attention_mask(c, groups), shared, head_gates)
-    return x
+    # Pre-LN: the first layer's attention reads the embeddings as they are (already LayerNormed); the last
+    # layer's out_ln is the final norm, so the encoder returns the normalized stream.
+    carry = (x, x) if c.norm == "pre" else x
+    out, _ = scanned(c, self.deterministic, name="layers")(
+        carry, jnp.arange(c.num_layers), attention_mask(c, groups), shared, head_gates, rope)
+    return out[1] if c.norm == "pre" else out

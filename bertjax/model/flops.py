@@ -12,7 +12,8 @@ from bertjax.model.encoder import EncoderConfig
 def encoder_forward_flops(c: EncoderConfig, seq_len: int) -> float:
   """Forward FLOPs per token of one encoder."""
   h, f = c.hidden_size, c.intermediate_size
-  per_layer = 2 * (4 * h * h + 2 * h * f) + 2 * 2 * seq_len * h  # projections + FFN + scores/values
+  ffn = 3 * h * f if c.ffn == "geglu" else 2 * h * f  # GeGLU: input and gate projections, then the output
+  per_layer = 2 * (4 * h * h + ffn) + 2 * 2 * seq_len * h  # projections + FFN + scores/values
   proj = 2 * c.embedding_size * h if c.embedding_size != h else 0
   return c.num_layers * per_layer + proj
 

@@ -22,7 +22,8 @@ def gather_positions(hidden, positions):
 
 
 class MLMHead(nn.Module):
-  """BERT's MLM transform (dense H->E, GELU, LayerNorm in E); the caller applies the tied decoder."""
+  """BERT's MLM transform (dense H->E, GELU, LayerNorm in E; ModernBertPredictionHead is the same, without
+  biases), decoded through the tied word embeddings plus an output bias."""
 
   cfg: EncoderConfig
 
@@ -30,9 +31,9 @@ class MLMHead(nn.Module):
   def __call__(self, hidden, positions, embeddings):
     c = self.cfg
     x = gather_positions(hidden, positions)
-    x = dense(c, c.hidden_size, c.embedding_size, (sh.EMBED, None), "transform")(x)
+    x = dense(c, c.hidden_size, c.embedding_size, (sh.EMBED, None), "transform", c.use_bias, out=True)(x)
     x = layer_norm(c, "ln", names=(None,))(activation(c, x))
-    bias = self.param("bias", _zeros((sh.VOCAB,)), (c.vocab_size,))
+    bias = self.param("bias", _zeros((sh.VOCAB,)), (c.vocab_size,))  # kept without use_bias (ModernBERT's decoder_bias)
     # Decoder in the compute dtype, logits and loss in float32.
     return embeddings.attend(x.astype(c.dtype)).astype(jnp.float32) + bias
 

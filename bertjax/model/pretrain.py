@@ -75,7 +75,8 @@ class Pretrainer(nn.Module):
 
   def encode(self, input_ids, type_ids, groups, position_ids=None):
     """Final hidden states [B, S, H] of the main encoder."""
-    return self.encoder(self.embeddings(input_ids, type_ids, self.deterministic, position_ids), groups)
+    emb = self.embeddings(input_ids, type_ids, self.deterministic, position_ids)
+    return self.encoder(emb, groups, position_ids=position_ids)  # rotary positions restart per packed example
 
   def score(self, input_ids, type_ids):
     """Every head's logits at every position of unpadded inputs (inference): `mlm` [B, S, V] (ELECTRA: the
@@ -122,7 +123,7 @@ class Pretrainer(nn.Module):
         out["sbo_logits"] = self.sbo_head(hidden, left, right, batch["mlm_positions"] - left - 1, self.embeddings)
     else:
       emb = self.embeddings(ids, types, self.deterministic, positions)
-      gen_hidden = self.generator_encoder(emb, groups)
+      gen_hidden = self.generator_encoder(emb, groups, position_ids=positions)
       out["mlm_logits"] = logits = self.generator_mlm(gen_hidden, batch["mlm_positions"], self.embeddings)
       sampled = sample_tokens(self.make_rng("sample"), jax.lax.stop_gradient(logits), self.sample_temperature)
       corrupted = replace_at(ids, batch["mlm_positions"], batch["mlm_weights"], sampled)

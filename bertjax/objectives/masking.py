@@ -76,12 +76,15 @@ def shuffle_slots(seq_len: int, share: float) -> int:
   return TRIGRAM * max(1, int(math.ceil(share * seq_len))) if share > 0 else 0
 
 
-def make_config(config, special) -> MaskingConfig:
-  """The config's masking scheme with the tokenizer's special ids (`special`: a data.tokenizer.SpecialIds)."""
+def make_config(config, special, evaluation: bool = False) -> MaskingConfig:
+  """The config's masking scheme with the tokenizer's special ids (`special`: a data.tokenizer.SpecialIds);
+  `evaluation`: at the eval batches' rate and budget (masking.eval_mask_prob)."""
   k = config.masking
+  rate, budget = ((config_lib.eval_mask_prob(config), config_lib.eval_max_predictions(config)) if evaluation
+                  else (k.mask_prob, config_lib.max_predictions(config)))
   return MaskingConfig(
       special_ids=special.never_masked, mask_id=special.mask, vocab_size=config.model.vocab_size,
-      scheme=k.scheme, mask_prob=k.mask_prob, max_predictions=config_lib.max_predictions(config),
+      scheme=k.scheme, mask_prob=rate, max_predictions=budget,
       mask_token_prob=k.mask_token_prob, random_token_prob=k.random_token_prob, max_ngram=k.max_ngram,
       span_p=k.span_p, max_span=k.max_span, replace_dist=k.get("replace_dist", "uniform"),
       smoothing=float(k.get("smoothing", 0.0)), **_shuffling(config))
@@ -106,6 +109,8 @@ def validate(config):
   k = config.masking
   check(k.scheme in SCHEMES, f"masking.scheme={k.scheme!r}; use one of {', '.join(SCHEMES)}")
   check(0 < k.mask_prob < 1, f"masking.mask_prob={k.mask_prob} must be in (0, 1)")
+  check(0 <= k.get("eval_mask_prob", 0.0) < 1,
+        f"masking.eval_mask_prob={k.get('eval_mask_prob')} must be in [0, 1) (0: the training mask_prob)")
   check(k.mask_token_prob + k.random_token_prob <= 1,
         "masking.mask_token_prob + masking.random_token_prob must not exceed 1")
   check("wso" not in config_lib.active_objectives(config) or 0 < k.wso_share < 1,

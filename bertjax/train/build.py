@@ -18,7 +18,7 @@ from flax import linen as nn
 from bertjax import objectives as objectives_lib
 from bertjax.core import config as config_lib, sharding
 from bertjax.core.errors import UserError
-from bertjax.data import instances
+from bertjax.data import instances, prepare_lib
 from bertjax.data.tokenizer import SpecialIds
 from bertjax.model import attention as attention_lib, config as model_config
 from bertjax.model.pretrain import Pretrainer
@@ -104,9 +104,12 @@ def host_batch_spec(config, batch_size: int) -> dict:
   """Shapes and dtypes of the batches the loader yields (what the jitted steps take)."""
   s = config.seq_len
   sds = jax.ShapeDtypeStruct
-  return dict(input_ids=sds((batch_size, s), jnp.int32), type_ids=sds((batch_size, s), jnp.int32),
+  spec = dict(input_ids=sds((batch_size, s), jnp.int32), type_ids=sds((batch_size, s), jnp.int32),
               word_start=sds((batch_size, s), jnp.bool_), groups=sds((batch_size, s), jnp.int32),
               sentence_label=sds((batch_size,), jnp.int32), example_weight=sds((batch_size,), jnp.float32))
+  if prepare_lib.resolve_format(config) == "packed":  # packed rows restart positions per example
+    spec["position_ids"] = sds((batch_size, s), jnp.int32)
+  return spec
 
 
 def init_params(model: Pretrainer, config, rng):
@@ -134,7 +137,7 @@ def step_config(config, special: SpecialIds, token_counts=None) -> step_lib.Step
   if not config.get("teacher") and any(k.startswith("distill_") for k in config_lib.active_objectives(config)):
     raise UserError("the distill_* objectives need a teacher: set --config.teacher to a bertjax workdir or an HF "
                     "checkpoint (python -m bertjax.distill)")
-  masking_cfg = masking.make_config(config, special)
+  masking_cfg, eval_masking = masking.make_config(config, special), masking.make_config(config, special, True)
   if masking_cfg.needs_counts:
     if token_counts is None:
       raise ValueError("masking.replace_dist=unigram / masking.smoothing: pass the corpus token counts")
@@ -148,6 +151,7 @@ def step_config(config, special: SpecialIds, token_counts=None) -> step_lib.Step
     token_counts = None
   return step_lib.StepConfig(
       seed=config.seed, masking=masking_cfg, token_counts=token_counts,
+      eval_masking=None if eval_masking == masking_cfg else eval_masking,
       objectives=tuple(config_lib.active_objectives(config).items()), grad_accum_steps=config.grad_accum_steps,
       report_every=config.log_every, report_at=tuple(p.end for p in config_lib.phases(config)))
 

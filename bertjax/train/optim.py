@@ -13,6 +13,17 @@ Schedules (`optimizer.schedule`), t the step (0-based, the step the rate is used
            peak * t / w, then peak * (T - t) / (T - w) (the decay spans only the steps after warmup).
   poly_sqrt  NVIDIA DeepLearningExamples BERT `schedulers.py` PolyWarmUpScheduler (degree 0.5; their LAMB
            recipe): peak * t / w while t < w, then peak * (1 - t / T) ** 0.5 (decay over the whole run).
+  wsd      the trapezoidal warmup-stable-decay schedule with the "1-sqrt" cooldown (Hägele et al. 2024, "Scaling
+           Laws and Compute-Optimal Training Beyond Fixed Training Durations", §3; ModernBERT, Warner et al. 2024,
+           §2.2.2): peak * t / w, then peak until the last d = round(optimizer.decay_fraction * T) steps, then
+           peak * (1 - sqrt((t - (T - d)) / d)).
+
+StableAdamW (Wortsman et al. 2023, "Stable and low-precision training for large-scale vision-language models",
+Algorithm 2; ModernBERT trains with optimi's `StableAdamW`) is AdamW whose learning rate is divided, per tensor and
+per step, by max(1, RMS) with RMS = sqrt(mean(g^2 / max(v_hat, eps^2))) (v_hat the bias-corrected second moment
+after this step's update): Adafactor's update clipping, which replaces gradient clipping. The weight decay is
+scaled by the same factor, as in the reference. Per tensor means per original tensor: one RMS per layer of a
+scanned stack, as LAMB's trust ratio.
 
 Two switches say which published rule an optimizer follows (each recipe config sets both and names its source):
   optimizer.bias_correction  True: Adam's moments divided by 1 - b^t, update m_hat / (sqrt(v_hat) + eps)
@@ -41,12 +52,17 @@ from bertjax.core.config import check
 from bertjax.model.encoder import is_stacked
 
 _NO_DECAY = ("bias", "scale")  # LayerNorm scale/bias and every bias: BERT's ["LayerNorm", "layer_norm", "bias"]
-SCHEDULES = ("linear", "linear_after_warmup", "electra", "cosine", "poly_sqrt")
+SCHEDULES = ("linear", "linear_after_warmup", "electra", "cosine", "poly_sqrt", "wsd")
+OPTIMIZERS = ("adamw", "lamb", "stableadamw")
+DECAY_FRACTION = 0.2  # wsd's default cooldown share: Hägele et al. 2024 find 20% matches cosine
 DECAY_MASKS = ("bert", "all")
 
 
-def schedule(kind: str, peak: float, warmup: int, total: int) -> optax.Schedule:
-  """The learning rate at each step (see the module docstring for the formulas and their sources)."""
+def schedule(kind: str, peak: float, warmup: int, total: int, decay_fraction: float = DECAY_FRACTION) -> optax.Schedule:
+  """The learning rate at each step (see the module docstring for the formulas and their sources);
+  `decay_fraction`: wsd's share of the steps that decay."""
+  if kind == "wsd":
+    return wsd_schedule(peak, warmup, total, decay_fraction)
   if kind == "cosine":
     return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, total, 0.0)
   if kind == "linear_after_warmup":
@@ -63,15 +79,25 @@ def schedule(kind: str, peak: float, warmup: int, total: int) -> optax.Schedule:
       [warmup])
 
 
+def wsd_schedule(peak: float, warmup: int, total: int, decay_fraction: float) -> optax.Schedule:
+  """Warmup (linear from 0), stable at peak, then the 1-sqrt cooldown to 0 over the last decay_fraction of
+  `total` steps (at least one step; the warmup is never cut short by it)."""
+  decay = min(max(1, int(round(decay_fraction * total))), total - warmup)
+  stable = total - warmup - decay
+  cooldown = lambda t: peak * (1 - jnp.sqrt(jnp.clip(t / decay, 0.0, 1.0)))
+  pieces = [optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak), cooldown]
+  return optax.join_schedules(pieces, [warmup, warmup + stable])
+
+
 def lr_schedule(config) -> optax.Schedule:
   """The run's learning rate at each step: optimizer.schedule from 0 to learning_rate over the warmup, down to
   0 at total_steps; a phase with its own learning_rate runs that schedule over its own steps instead."""
-  kind = config.optimizer.schedule
-  run = schedule(kind, config.learning_rate, config_lib.warmup_steps(config), config.total_steps)
+  kind, fraction = config.optimizer.schedule, config.optimizer.get("decay_fraction", DECAY_FRACTION)
+  run = schedule(kind, config.learning_rate, config_lib.warmup_steps(config), config.total_steps, fraction)
   plan = config_lib.phases(config)
   if all(not p.learning_rate for p in plan):
     return run
-  pieces = [schedule(kind, p.learning_rate, p.warmup_steps, p.steps)
+  pieces = [schedule(kind, p.learning_rate, p.warmup_steps, p.steps, fraction)
             if p.learning_rate else (lambda t, s=p.start: run(t + s)) for p in plan]
   return optax.join_schedules(pieces, [p.start for p in plan[1:]])
 
@@ -79,10 +105,12 @@ def lr_schedule(config) -> optax.Schedule:
 def validate(config):
   """Checks config.optimizer (name and schedule); raises UserError with the fix on the first problem."""
   o = config.optimizer
-  check(o.name in ("adamw", "lamb"), f"optimizer.name={o.name!r}; use adamw or lamb")
+  check(o.name in OPTIMIZERS, f"optimizer.name={o.name!r}; use {', '.join(OPTIMIZERS)}")
   check(o.schedule in SCHEDULES, f"optimizer.schedule={o.schedule!r}; use one of {', '.join(SCHEDULES)}")
   check(_decay_kind(o) in DECAY_MASKS, f"optimizer.decay_mask={_decay_kind(o)!r}; use bert or all")
   check(isinstance(_bias_correction(o), bool), f"optimizer.bias_correction={_bias_correction(o)!r}; use True or False")
+  fraction = o.get("decay_fraction", DECAY_FRACTION)
+  check(0 < fraction <= 1, f"optimizer.decay_fraction={fraction} must be in (0, 1]")
 
 
 def _bias_correction(o) -> bool:
@@ -183,12 +211,43 @@ def adam_weight_decay(learning_rate, b1: float, b2: float, eps: float, weight_de
                      optax.scale_by_learning_rate(learning_rate))
 
 
+def per_tensor(fn, stacked: bool):
+  """`fn` (arrays -> array) on each original tensor: vmapped over the leading axis of a stacked leaf."""
+  return jax.vmap(fn) if stacked else fn
+
+
+def stable_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: float,
+                 mask=decay_mask) -> optax.GradientTransformation:
+  """StableAdamW (Wortsman et al. 2023, Algorithm 2; optimi's StableAdamW, which ModernBERT trains with): optax's
+  Adam moments and decoupled weight decay, the sum divided per tensor by max(1, RMS), RMS = sqrt(mean(g^2 /
+  max(v_hat, eps^2))), then scaled by the learning rate. Its state is Adam's (no extra buffer); always bias-corrected, as optimi's."""
+  inner = optax.chain(optax.scale_by_adam(b1, b2, eps), optax.add_decayed_weights(weight_decay, mask=mask))
+
+  def update(grads, state, params):
+    updates, state = inner.update(grads, state, params)
+    adam = state[0]
+    nu_hat = optax.tree.bias_correction(adam.nu, b2, adam.count)
+
+    def clip(u, g, v, stacked):
+      def one(u, g, v):
+        rms = jnp.sqrt(jnp.mean(jnp.square(g.astype(jnp.float32)) / jnp.maximum(v, eps * eps)))
+        return u / jnp.maximum(1.0, rms).astype(u.dtype)
+
+      return per_tensor(one, stacked)(u, g, v)
+
+    return jax.tree.map(clip, updates, grads, nu_hat, stacked_mask(grads)), state
+
+  return optax.chain(optax.GradientTransformation(inner.init, update), optax.scale_by_learning_rate(learning_rate))
+
+
 def make(o, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
-  """Global-norm clipping then AdamW or LAMB, from an `optimizer` config section (name, b1, b2, eps,
-  weight_decay, clip_norm, bias_correction, decay_mask) and a learning rate or schedule."""
+  """Global-norm clipping then AdamW, LAMB or StableAdamW, from an `optimizer` config section (name, b1, b2,
+  eps, weight_decay, clip_norm, bias_correction, decay_mask) and a learning rate or schedule."""
   mask, corrected = decay_mask_fn(_decay_kind(o)), _bias_correction(o)
   if o.name == "lamb":
     opt = lamb(learning_rate, o.b1, o.b2, o.eps, o.weight_decay, corrected, mask)
+  elif o.name == "stableadamw":
+    opt = stable_adamw(learning_rate, o.b1, o.b2, o.eps, o.weight_decay, mask)
   elif corrected:
     opt = optax.adamw(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=mask)
   else:

@@ -63,6 +63,9 @@ class StepConfig:
   # [vocab] corpus token counts for masking.replace_dist=unigram / masking.smoothing (None when unused): bound with
   # the config, so the compiled step holds them as a constant; left out of hashing and comparison.
   token_counts: Any = dataclasses.field(default=None, hash=False, compare=False)
+  # Eval batches' masking when it differs from training's (masking.eval_mask_prob: ModernBERT trains at 30% and
+  # evaluates at 15%); None: the training masking.
+  eval_masking: Any = None
 
 
 def reports(done, cfg: StepConfig):
@@ -73,9 +76,11 @@ def reports(done, cfg: StepConfig):
   return report
 
 
-def apply_masking(rng, batch, cfg: StepConfig):
-  """The batch with MLM masking applied on device (original ids kept for labels and RTD)."""
-  masked = masking.mask_batch(rng, batch["input_ids"], batch["word_start"], cfg.masking, cfg.token_counts)
+def apply_masking(rng, batch, cfg: StepConfig, evaluation: bool = False):
+  """The batch with MLM masking applied on device (original ids kept for labels and RTD); `evaluation`: with the
+  eval masking (cfg.eval_masking, where set)."""
+  scheme = cfg.eval_masking if evaluation and cfg.eval_masking is not None else cfg.masking
+  masked = masking.mask_batch(rng, batch["input_ids"], batch["word_start"], scheme, cfg.token_counts)
   out = dict(batch, original_ids=batch["input_ids"], **masked)
   for key in ("mlm_weights", "span_weights", "wso_weights"):  # padded eval rows weigh 0
     if key in out:
@@ -90,7 +95,7 @@ def training_batch(batch, step, cfg: StepConfig):
 
 def eval_batch(batch, index, cfg: StepConfig):
   """The masked batch that `eval_step` scores for eval batch `index` (the same in every run)."""
-  return apply_masking(stream_key(EVAL_SEED, index, "eval/masking"), batch, cfg)
+  return apply_masking(stream_key(EVAL_SEED, index, "eval/masking"), batch, cfg, evaluation=True)
 
 
 def _loss_fn(params, batch, rngs, model, cfg: StepConfig, *, deterministic: bool, denominators=None):
