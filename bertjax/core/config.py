@@ -96,6 +96,9 @@ def defaults() -> ml_collections.ConfigDict:
       # GPU, splash on TPU, xla on CPU; fused kernels need attention_dropout=0, else auto keeps xla.
       attention="auto",
       head_size=0,  # width of one attention head; 0: hidden_size / num_heads (a head-pruned model sets it)
+      # Dense weight gradients: xla (autodiff) | transposed (x^T materialized first, so XLA:CPU's YNNPACK takes
+      # them; bertjax.model.encoder.matmul_pretransposed). Same gradients; a CPU speed switch (docs/cpu.md).
+      dense_grad="xla",
   )
   # Objectives: name -> weight; 0 switches one off.
   c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0)

@@ -5,7 +5,7 @@ import jax
 from bertjax.core import config as config_lib
 from bertjax.core.config import check, DTYPES
 from bertjax.model import attention as attention_lib
-from bertjax.model.encoder import EncoderConfig, REMAT_POLICIES, SHARING_MODES
+from bertjax.model.encoder import DENSE_GRADS, EncoderConfig, REMAT_POLICIES, SHARING_MODES
 
 
 def encoder_config(m, generator: bool = False, platform: str | None = None) -> EncoderConfig:
@@ -23,7 +23,16 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       layer_norm_eps=m.layer_norm_eps, init_std=m.init_std, sharing=m.sharing,
       num_groups=m.num_hidden_groups if m.sharing != "none" else 1, dtype=DTYPES[m.dtype], remat=m.remat,
       scan_unroll=m.scan_unroll,
-      activation=m.activation, position_offset=m.position_offset, attention=impl, head_size=m.head_size)
+      activation=m.activation, position_offset=m.position_offset, attention=impl, head_size=m.head_size,
+      dense_grad=dense_grad(m.get("dense_grad", "xla"), platform or jax.default_backend()))
+
+
+def dense_grad(value: str, platform: str) -> str:
+  """model.dense_grad resolved on a platform: `auto` is `transposed` on the CPU (XLA:CPU's YNNPACK then runs
+  the weight gradients, which it otherwise leaves to Eigen: docs/cpu.md) and `xla` elsewhere."""
+  if value == "auto":
+    return "transposed" if platform == "cpu" else "xla"
+  return value
 
 
 def validate(config):
@@ -36,6 +45,8 @@ def validate(config):
   check(m.activation in ("gelu", "gelu_new"), f"model.activation={m.activation!r}; use gelu or gelu_new")
   check(m.sharing in SHARING_MODES, f"model.sharing={m.sharing!r}; use one of {', '.join(SHARING_MODES)}")
   check(m.remat in REMAT_POLICIES, f"model.remat={m.remat!r}; use one of {', '.join(REMAT_POLICIES)}")
+  check(m.get("dense_grad", "xla") in ("auto", *DENSE_GRADS),
+        f"model.dense_grad={m.get('dense_grad')!r}; use one of auto, {', '.join(DENSE_GRADS)}")
   check(m.dtype in DTYPES, f"model.dtype={m.dtype!r}; use one of {', '.join(DTYPES)}")
   check(m.num_hidden_groups >= 1 and m.num_layers % m.num_hidden_groups == 0,
         f"model.num_hidden_groups={m.num_hidden_groups} must divide model.num_layers={m.num_layers}")
