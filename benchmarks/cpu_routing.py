@@ -30,7 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bertjax.core import config as config_lib, runtime  # noqa: E402
-from bertjax.train import bench, census  # noqa: E402
+from bertjax.train import bench  # noqa: E402
 
 _ONEDNN = "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type="
 _YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="
@@ -141,7 +141,8 @@ def compare(workload: str, names: list, steps: int, rounds: int, seq_len: int) -
     info = procs[name].info
     ratios = [per_round[base][i] / per_round[name][i] for i in range(rounds)]
     out["settings"][name] = dict(
-        xla_flags=table[name.split("#")[0]][0], model=table[name.split("#")[0]][1], tokens_per_sec=tokens / statistics.median(times[name]),
+        xla_flags=table[name.split("#")[0]][0], model=table[name.split("#")[0]][1],
+        tokens_per_sec=tokens / statistics.median(times[name]),
         ratio=statistics.median(times[base]) / statistics.median(times[name]), ratio_min=min(ratios),
         ratio_max=max(ratios), compile_seconds=info["compile_seconds"], first_step=info["first_step"],
         census=info["census"]["libraries"], slow_path=len(info["census"]["slow_path"]))

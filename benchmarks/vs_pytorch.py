@@ -16,7 +16,12 @@ the ratio of speed. `--torch_head=all` runs stock `BertForPreTraining` instead; 
 (both counted by `bertjax.model.flops`, HF's with the head on every position) is the comparable one.
 
 CPU (default): float32, dropout 0.1 on both sides, PyTorch's default attention; MFU against a 2048^3 float32
-matmul timed between bertjax's steps, as `python -m bertjax.train.bench` does.
+matmul timed between rounds in this process, as `python -m bertjax.train.bench` does. **Routing settings**
+(issue #35, docs/cpu.md): on CPU bertjax runs once per `--settings` entry, each in a process of its own (XLA
+reads its flags once per process; benchmarks/cpu_routing.py's SETTINGS), all alternating with PyTorch in the
+same rounds; the printout gives each setting's equal-work ratio to PyTorch with the spread of its per-round
+ratios, bertjax's `default` beside `xla` (XLA's own routing, the routing before issue #35), and each setting's
+first-step numerics and dot census (which library runs its matmuls).
 GPU (`--device=gpu`): bfloat16 compute; bertjax with its fastest attention (`model.attention=auto`: cuDNN
 flash attention, which needs attention dropout 0, so both sides train with attention dropout 0 and hidden
 dropout 0.1); PyTorch with bf16 autocast, SDPA attention and fused AdamW, eager and (a second row)
@@ -24,6 +29,7 @@ dropout 0.1); PyTorch with bf16 autocast, SDPA attention and fused AdamW, eager 
 
   python benchmarks/vs_pytorch.py                        # CPU: tiny (batch 32) and base (batch 8), seq 128
   python benchmarks/vs_pytorch.py --variants=base --batch_size=8 --steps=5 --rounds=3
+  python benchmarks/vs_pytorch.py --variants=base --settings=default,xla --steps=3 --rounds=6   # two processes
   BERTJAX_HOST_MALLOC=retain python benchmarks/vs_pytorch.py --torch_malloc=retain   # README's CPU figures
   python benchmarks/vs_pytorch.py --device=gpu           # one GPU: BERT-large 32 x 512, BERT-base 128 x 128
 """
@@ -374,13 +380,15 @@ def print_variant(r: dict):
   its dots), then PyTorch, with the ratio of each bertjax setting to it beside XLA's own routing's."""
   mfu = lambda x: f"MFU {x:.2f}" if x is not None else "MFU -"
   gib = lambda x: f", peak {x / 2**30:.1f} GiB" if x else ""
-  print(f"{r['variant']:>6} batch {r['batch_size']} x {r['seq_len']} {r['dtype']}, {r['attention']} attention:", flush=True)
+  print(f"{r['variant']:>6} batch {r['batch_size']} x {r['seq_len']} {r['dtype']}, {r['attention']} attention:",
+        flush=True)
   ref = next(iter(r["bertjax"].values()))["first_step"]
   for name, j in r["bertjax"].items():
     diff = max(abs(j["first_step"][k] - ref[k]) / max(abs(ref[k]), 1e-12) for k in ref)
     libs = ", ".join(f"{lib} {row['flop_share']:.0%}" for lib, row in j["census"].items() if row["dots"])
-    print(f"{'':>6} bertjax {name:<16} {j['tokens_per_sec']:8.0f} tok/s, {mfu(j['mfu'])}{gib(j['peak_memory_bytes'])}, "
-          f"compile {j['compile_seconds']:.0f}s, step-1 loss/grad-norm rel. diff {diff:.0e}; dot FLOPs: {libs}", flush=True)
+    print(f"{'':>6} bertjax {name:<16} {j['tokens_per_sec']:8.0f} tok/s, {mfu(j['mfu'])}{gib(j['peak_memory_bytes'])}"
+          f", compile {j['compile_seconds']:.0f}s, step-1 loss/grad-norm rel. diff {diff:.0e}; dot FLOPs: {libs}",
+          flush=True)
   for name, t in r["torch"].items():
     print(f"{'':>6} PyTorch {name} ({t['head']} head) {t['tokens_per_sec']:8.0f} tok/s, {mfu(t['mfu'])}"
           + gib(t["peak_memory_bytes"]), flush=True)

@@ -11,8 +11,8 @@ from bertjax.core import runtime
 from bertjax.train import bench, census
 from conftest import micro
 
-# One micro train step per model.dense_grad (transposed: slow tier), compiled once for the module (about 2 s each at the suite's
-# optimization level), under the routing runtime.setup() gives the suite (conftest).
+# One micro train step per model.dense_grad (transposed: slow tier), compiled once for the module (about 2 s
+# each at the suite's optimization level), under the routing runtime.setup() gives the suite (conftest).
 @pytest.fixture(scope="module", params=["xla", pytest.param("transposed", marks=pytest.mark.slow)])
 def step_hlo(request):
   config = micro("configs/bert.py:tiny")

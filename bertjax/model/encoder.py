@@ -68,8 +68,8 @@ class EncoderConfig:
   # Dense matmuls contract the kernel in its own shape, as a quantization library intercepting dot_general
   # needs (qwix matches the operand to the parameter; bertjax.compress.quantize sets it); else as a 2-D [in, out] matrix.
   quantizable: bool = False
-  # How a dense layer's weight gradient is computed: "xla" (autodiff: x^T @ dy with x transposed in the dot,
-  # which XLA:CPU's YNNPACK rejects and leaves to Eigen) | "transposed" (`matmul_pretransposed`).
+  # How a dense layer's weight gradient is computed: "xla" (autodiff: x^T @ dy with x transposed in the
+  # dot, which XLA:CPU's YNNPACK rejects and leaves to Eigen) | "transposed" (`matmul_pretransposed`).
   dense_grad: str = "xla"
 
   @property
@@ -254,8 +254,8 @@ class Dense(nn.Module):
     bias = self.param("bias", _zeros(self.names[n_in:]), self.out_shape)
     # flax's promote_dtype (as nn.Dense calls it): quantization libraries intercept it (qwix: bertjax.compress.quantize).
     x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.cfg.dtype)
-    return (tokens_matmul(x, kernel, n_in, flat_kernel=not self.cfg.quantizable, grad=self.cfg.dense_grad)
-            + bias.astype(self.cfg.dtype))
+    y = tokens_matmul(x, kernel, n_in, flat_kernel=not self.cfg.quantizable, grad=self.cfg.dense_grad)
+    return y + bias.astype(self.cfg.dtype)
 
 
 DENSE_GRADS = ("xla", "transposed")

@@ -1,4 +1,5 @@
-"""`python -m bertjax.train.bench --config=... [--batch_size=N] [--steps=N] [--census]`: compile and time the real train step.
+"""`python -m bertjax.train.bench --config=... [--batch_size=N] [--steps=N] [--census]`: compile and time the real
+train step.
 
 Prints one JSON object: `tokens_per_sec`, `step_seconds` (median of `--steps` timed steps after
 `--warmup` untimed ones), `compile_seconds` (trace + lower + XLA compile), `model_flops_per_token` (the
