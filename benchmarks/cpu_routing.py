@@ -47,7 +47,8 @@ SETTINGS = {
     "onednn_vw512": (f"{_ONEDNN}dot {_YNN_OFF} --xla_cpu_prefer_vector_width=512", {}),
 }
 MAIN_SETTINGS = ["xla", "default", "onednn", "onednn_eltwise", "ynn_eltwise", "ynn_dgrad", "vw512"]
-WORKLOADS = {"tiny": ("pretrain", "tiny", 32), "base": ("pretrain", "base", 8), "finetune": ("finetune", "base", 32)}
+WORKLOADS = {"tiny": ("pretrain", "tiny", 32), "base": ("pretrain", "base", 8), "finetune": ("finetune", "base", 32),
+             "finetune_tiny": ("finetune", "tiny", 32)}
 
 
 def settings() -> dict:

@@ -37,6 +37,7 @@ class _EncodeDecode(nn.Module):
     return emb.attend(Encoder(self.cfg)(emb(ids, jnp.zeros_like(ids), True), groups))
 
 
+@pytest.mark.slow  # ~5 s: three compiles of a scanned encoder (the matmul-level test above is the normal tier's)
 def test_dense_grad_switch_keeps_an_encoders_gradients():
   config = micro("configs/bert.py:tiny")
   config.model.update(hidden_size=32, num_heads=2, intermediate_size=64, num_layers=2, dropout=0.0,
@@ -45,7 +46,7 @@ def test_dense_grad_switch_keeps_an_encoders_gradients():
   assert cfg.dense_grad == "xla"  # the default
   ids = jax.random.randint(jax.random.key(2), (2, 16), 5, 97)
   groups = jnp.ones_like(ids)
-  params = _EncodeDecode(cfg).init(jax.random.key(0), ids, groups)
+  params = jax.jit(_EncodeDecode(cfg).init)(jax.random.key(0), ids, groups)
 
   def grads(c):
     return jax.jit(jax.grad(lambda p: jnp.sum(jnp.sin(_EncodeDecode(c).apply(p, ids, groups)))))(params)
