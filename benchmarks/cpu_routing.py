@@ -36,7 +36,7 @@ _ONEDNN = "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type="
 _YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="
 # name -> (XLA_FLAGS, model overrides). `default` is filled in from runtime.CPU_XLA_FLAGS.
 SETTINGS = {
-    "xla": ("", {}),
+    "xla": ("", {"model.dense_grad": "xla"}),  # XLA's own routing, whatever bertjax's defaults become
     "onednn": (f"{_ONEDNN}dot {_YNN_OFF}", {}),
     "onednn_eltwise": (f"{_ONEDNN}dot,eltwise {_YNN_OFF}", {}),
     "onednn_ynn": (f"{_ONEDNN}dot", {}),
