@@ -128,6 +128,7 @@ def compare(workload: str, names: list, steps: int, rounds: int, seq_len: int) -
   per_round = {name: [] for name in names}
   for p in procs.values():
     p.steps(1)  # warm-up
+    p.cpu_seconds, p.cpu_steps = 0.0, 0
   for r in range(rounds):
     order = names if r % 2 == 0 else names[::-1]  # alternate who goes first
     for name in order:
@@ -146,7 +147,8 @@ def compare(workload: str, names: list, steps: int, rounds: int, seq_len: int) -
         tokens_per_sec=tokens / statistics.median(times[name]),
         ratio=statistics.median(times[base]) / statistics.median(times[name]), ratio_min=min(ratios),
         ratio_max=max(ratios), compile_seconds=info["compile_seconds"], first_step=info["first_step"],
-        census=info["census"]["libraries"], slow_path=len(info["census"]["slow_path"]))
+        census=info["census"]["libraries"], slow_path=len(info["census"]["slow_path"]),
+        cpu_seconds_per_step=procs[name].cpu_seconds / max(1, procs[name].cpu_steps))
     procs[name].close()
   return out
 
@@ -156,12 +158,15 @@ def report(r: dict) -> str:
   names = list(r["settings"])
   ref = r["settings"][names[0]]["first_step"]
   lines = [f"{r['workload']}: {r['kind']} step of BERT-{r['variant']}, batch {r['batch_size']} x {r['seq_len']} "
-           f"float32; ratio = tokens/s over '{names[0]}' (median of rounds, [min, max] of per-round ratios)"]
+           f"float32; ratio = tokens/s over '{names[0]}' (median of all steps, [min, max] of per-round ratios); "
+           f"cpu = its CPU seconds per step over '{names[0]}''s (all threads: less sensitive to other jobs' load)"]
+  cpu_ref = r["settings"][names[0]]["cpu_seconds_per_step"]
   for name, s in r["settings"].items():
     diff = max(abs(s["first_step"][k] - ref[k]) / max(abs(ref[k]), 1e-12) for k in ref)
     libs = ", ".join(f"{lib} {row['dots']} dots/{row['flop_share']:.0%}" for lib, row in s["census"].items()
                      if row["dots"])
     lines.append(f"  {name:<18} {s['ratio']:5.2f}x [{s['ratio_min']:.2f}, {s['ratio_max']:.2f}] "
+                 f"cpu {s['cpu_seconds_per_step'] / cpu_ref:4.2f}x "
                  f"{s['tokens_per_sec']:8.0f} tok/s  compile {s['compile_seconds']:5.1f}s  "
                  f"step-1 rel. diff {diff:.1e}  dots: {libs}")
   return "\n".join(lines)

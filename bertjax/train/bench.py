@@ -243,12 +243,12 @@ def _step_worker(conn, make, args):
   conn.send(dict(compile_seconds=job.compile_seconds, census=census.census(job.hlo), first_step=first,
                  tokens=job.tokens, xla_flags=os.environ.get("XLA_FLAGS", ""), peak_memory_bytes=job.peak_memory))
   while (msg := conn.recv())[0] != "close":
-    times = []
+    times, cpu0 = [], time.process_time()
     for _ in range(msg[1]):
       t0 = time.perf_counter()
       state = job.run(state)
       times.append(time.perf_counter() - t0)
-    conn.send(times)
+    conn.send((times, time.process_time() - cpu0))
 
 
 class StepProcess:
@@ -273,10 +273,14 @@ class StepProcess:
         else:
           os.environ[k] = v
     self.info = self.conn.recv()
+    self.cpu_seconds, self.cpu_steps = 0.0, 0  # CPU time of the process's timed steps (all its threads)
 
   def steps(self, n: int) -> list:
+    """n steps' wall times; their CPU time adds to `cpu_seconds` (less sensitive to other jobs' load)."""
     self.conn.send(("steps", n))
-    return self.conn.recv()
+    times, cpu = self.conn.recv()
+    self.cpu_seconds, self.cpu_steps = self.cpu_seconds + cpu, self.cpu_steps + n
+    return times
 
   def close(self):
     self.conn.send(("close",))
