@@ -159,14 +159,15 @@ def report(r: dict) -> str:
   ref = r["settings"][names[0]]["first_step"]
   lines = [f"{r['workload']}: {r['kind']} step of BERT-{r['variant']}, batch {r['batch_size']} x {r['seq_len']} "
            f"float32; ratio = tokens/s over '{names[0]}' (median of all steps, [min, max] of per-round ratios); "
-           f"cpu = its CPU seconds per step over '{names[0]}''s (all threads: less sensitive to other jobs' load)"]
+           f"cpu/step = its CPU seconds per step over '{names[0]}''s, lower is better (all threads; less sensitive to "
+           "other jobs' load)"]
   cpu_ref = r["settings"][names[0]]["cpu_seconds_per_step"]
   for name, s in r["settings"].items():
     diff = max(abs(s["first_step"][k] - ref[k]) / max(abs(ref[k]), 1e-12) for k in ref)
     libs = ", ".join(f"{lib} {row['dots']} dots/{row['flop_share']:.0%}" for lib, row in s["census"].items()
                      if row["dots"])
     lines.append(f"  {name:<18} {s['ratio']:5.2f}x [{s['ratio_min']:.2f}, {s['ratio_max']:.2f}] "
-                 f"cpu {s['cpu_seconds_per_step'] / cpu_ref:4.2f}x "
+                 f"cpu/step {s['cpu_seconds_per_step'] / cpu_ref:4.2f}x "
                  f"{s['tokens_per_sec']:8.0f} tok/s  compile {s['compile_seconds']:5.1f}s  "
                  f"step-1 rel. diff {diff:.1e}  dots: {libs}")
   return "\n".join(lines)
