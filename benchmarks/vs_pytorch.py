@@ -16,7 +16,12 @@ the ratio of speed. `--torch_head=all` runs stock `BertForPreTraining` instead; 
 (both counted by `bertjax.model.flops`, HF's with the head on every position) is the comparable one.
 
 CPU (default): float32, dropout 0.1 on both sides, PyTorch's default attention; MFU against a 2048^3 float32
-matmul timed between bertjax's steps, as `python -m bertjax.train.bench` does.
+matmul timed between rounds in this process, as `python -m bertjax.train.bench` does. **Routing settings**
+(issue #35, docs/cpu.md): on CPU bertjax runs once per `--settings` entry, each in a process of its own (XLA
+reads its flags once per process; benchmarks/cpu_routing.py's SETTINGS), all alternating with PyTorch in the
+same rounds; the printout gives each setting's equal-work ratio to PyTorch with the spread of its per-round
+ratios, bertjax's `default` beside `xla` (XLA's own routing, the routing before issue #35), and each setting's
+first-step numerics and dot census (which library runs its matmuls).
 GPU (`--device=gpu`): bfloat16 compute; bertjax with its fastest attention (`model.attention=auto`: cuDNN
 flash attention, which needs attention dropout 0, so both sides train with attention dropout 0 and hidden
 dropout 0.1); PyTorch with bf16 autocast, SDPA attention and fused AdamW, eager and (a second row)
@@ -24,6 +29,7 @@ dropout 0.1); PyTorch with bf16 autocast, SDPA attention and fused AdamW, eager 
 
   python benchmarks/vs_pytorch.py                        # CPU: tiny (batch 32) and base (batch 8), seq 128
   python benchmarks/vs_pytorch.py --variants=base --batch_size=8 --steps=5 --rounds=3
+  python benchmarks/vs_pytorch.py --variants=base --settings=default,xla --steps=3 --rounds=6   # two processes
   BERTJAX_HOST_MALLOC=retain python benchmarks/vs_pytorch.py --torch_malloc=retain   # README's CPU figures
   python benchmarks/vs_pytorch.py --device=gpu           # one GPU: BERT-large 32 x 512, BERT-base 128 x 128
 """
@@ -49,6 +55,9 @@ from bertjax.model import config as model_config, flops
 from bertjax.objectives import masking
 from bertjax.train import bench
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_routing  # noqa: E402 (the CPU routing settings)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Default (batch, seq_len) per device and variant. CPU: tiny's own recipe; base at the batch `python -m
 # bertjax.train.bench` is quoted at. GPU: the shapes the issue's targets name (BERT-large at 512, base at 128), with
@@ -56,6 +65,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {"cpu": {"tiny": (32, 128), "base": (8, 128), "large": (4, 128)},
           "gpu": {"large": (32, 512), "base": (128, 128), "tiny": (256, 128)}}
 DEFAULT_VARIANTS = {"cpu": ["tiny", "base"], "gpu": ["large", "base"]}
+# bertjax's CPU routing settings timed by default (cpu_routing.SETTINGS; each a process holding a model):
+# bertjax's default, XLA's own routing before it, and the other levers of issue #35.
+DEFAULT_SETTINGS = ["default", "xla", "ynn_dgrad", "ynn_eltwise", "onednn_eltwise"]
 
 
 
@@ -252,36 +264,91 @@ def hf_flops_per_token(config) -> float:
   return flops.train_flops_per_token(cfg, config.seq_len, config.seq_len, sentence_head=True)
 
 
-def compare(config, steps: int, rounds: int, sides: dict, device: str) -> dict:
-  """Side-by-side medians of one `bert_config`'s train step in bertjax and in each PyTorch process of
-  `sides` (name -> TorchProcess, each holding its model). MFU: on CPU against a 2048^3 float32 XLA matmul
-  timed between bertjax's steps (same machine load), on GPU against the device's dense bf16 peak. Each side's
-  FLOPs per token are counted the same way (`bertjax.model.flops`): equal for the masked-only head."""
-  b = bench.setup(config)
-  compiled, compile_seconds = bench.compile_step(b)
-  state = b.steps.init(jax.random.key(0))
-  state, _ = bench.time_steps(compiled, state, b.batch, 0, 2)  # warm-up
-  for side in sides.values():
-    side.steps(2)
-  jax_times, torch_times = [], {name: [] for name in sides}
+class InProcessSide:
+  """bertjax's train step in this process (the GPU: one process owns the device): the `bench.StepProcess`
+  interface (`info`, `steps(n)`, `close()`)."""
+
+  def __init__(self, config):
+    from bertjax.train import census
+
+    job = bench.pretrain_job(config)
+    self.job, self.state = job, job.run(job.state)
+    self.info = dict(compile_seconds=job.compile_seconds, census=census.census(job.hlo),
+                     first_step=job.scalars(self.state), tokens=job.tokens, xla_flags=os.environ.get("XLA_FLAGS", ""),
+                     peak_memory_bytes=job.peak_memory)
+
+  def steps(self, n: int) -> list:
+    times = []
+    for _ in range(n):
+      t0 = time.perf_counter()
+      self.state = self.job.run(self.state)
+      times.append(time.perf_counter() - t0)
+    return times
+
+  def close(self):
+    del self.state
+
+
+def step_job(variant: str, batch_size: int, seq_len: int, device: str, overrides: dict) -> bench.Job:
+  """What a bertjax StepProcess builds: the variant's train step at the benchmark's shape (`bert_config`)."""
+  config = bert_config(variant, batch_size, seq_len, device)
+  for key, value in overrides.items():
+    section, leaf = key.split(".")
+    config[section][leaf] = value
+  return bench.pretrain_job(config)
+
+
+def jax_sides(config, variant: str, device: str, names: list) -> dict:
+  """bertjax's sides: on CPU one process per routing setting (`cpu_routing.settings()`: XLA flags and model
+  switches; XLA reads its flags once per process), on GPU the step in this process."""
+  if device == "gpu":
+    return {"default": InProcessSide(config)}
+  table = cpu_routing.settings()
+  sides = {}
+  for name in names:
+    flags, overrides = table[name]
+    env = {"XLA_FLAGS": flags, runtime.CPU_FLAGS_ENV: "off"}
+    sides[name] = bench.StepProcess(step_job, (variant, config.batch_size, config.seq_len, device, overrides), env)
+  return sides
+
+
+def compare(config, steps: int, rounds: int, sides: dict, device: str, jax_side: dict) -> dict:
+  """Side-by-side medians of one `bert_config`'s train step in bertjax (each side of `jax_side`: name ->
+  StepProcess or InProcessSide, one per routing setting) and in each PyTorch process of `sides` (name ->
+  TorchProcess, each holding its model), all alternating in rounds. MFU: on CPU against a 2048^3 float32 XLA
+  matmul timed in this process between rounds (same machine load), on GPU against the device's dense bf16 peak.
+  Each side's FLOPs per token are counted the same way (`bertjax.model.flops`): equal for the masked-only head."""
+  from bertjax.model import flops as flops_lib
+
+  b = bench.setup(config)  # shapes and FLOPs only; nothing is compiled here
+  for side in (*sides.values(), *jax_side.values()):
+    side.steps(2)  # warm-up
+  jax_times = {name: [] for name in jax_side}
+  jax_rounds = {name: [] for name in jax_side}
+  torch_times, torch_rounds = {name: [] for name in sides}, {name: [] for name in sides}
   probe = bench.MatmulProbe() if device == "cpu" else None
-  for _ in range(rounds):
-    state, t = bench.time_steps(compiled, state, b.batch, steps, 0, probe.sample if probe else None)
-    jax_times += t
-    for name, side in sides.items():
+  for r in range(rounds):
+    order = [*jax_side.items(), *sides.items()]
+    for name, side in order if r % 2 == 0 else order[::-1]:  # alternate who goes first
       time.sleep(0.5)  # let the other runtime's worker threads go idle
-      torch_times[name] += side.steps(steps)
-    time.sleep(0.5)
+      t = side.steps(steps)
+      (jax_times if name in jax_side else torch_times)[name] += t
+      (jax_rounds if name in jax_side else torch_rounds)[name].append(statistics.median(t))
+    if probe:
+      time.sleep(0.5)
+      probe.sample()
   tokens = b.batch_size * b.seq_len
-  peak = probe.flops_per_sec() if probe else flops.peak_flops(jax.devices()[0])
-  jax_tps = tokens / statistics.median(jax_times)
+  peak = probe.flops_per_sec() if probe else flops_lib.peak_flops(jax.devices()[0])
   r = dict(batch_size=b.batch_size, seq_len=b.seq_len, dtype=config.model.dtype,
-           attention=b.steps.model.cfg.attention, peak_flops_per_sec=peak,
-           bertjax_tokens_per_sec=jax_tps, bertjax_step_seconds=statistics.median(jax_times),
-           bertjax_compile_seconds=compile_seconds, bertjax_flops_per_token=b.flops_per_token,
-           bertjax_mfu=jax_tps * b.flops_per_token / peak if peak else None,
-           bertjax_peak_memory_bytes=bench.peak_memory(compiled)[0], torch={})
-  del state
+           attention=b.steps.model.cfg.attention, peak_flops_per_sec=peak, bertjax_flops_per_token=b.flops_per_token,
+           bertjax={}, torch={})
+  for name, side in jax_side.items():
+    tps = tokens / statistics.median(jax_times[name])
+    r["bertjax"][name] = dict(tokens_per_sec=tps, step_seconds=statistics.median(jax_times[name]),
+                              compile_seconds=side.info["compile_seconds"], first_step=side.info["first_step"],
+                              mfu=tps * b.flops_per_token / peak if peak else None,
+                              census=side.info["census"]["libraries"], xla_flags=side.info["xla_flags"],
+                              peak_memory_bytes=side.info["peak_memory_bytes"])
   for name, side in sides.items():
     head = side.spec["head"]
     torch_fpt = b.flops_per_token if head == "masked" else hf_flops_per_token(config)
@@ -289,8 +356,12 @@ def compare(config, steps: int, rounds: int, sides: dict, device: str) -> dict:
     r["torch"][name] = dict(
         head=head, threads=side.info["threads"], tokens_per_sec=tps,
         step_seconds=statistics.median(torch_times[name]), flops_per_token=torch_fpt,
-        mfu=tps * torch_fpt / peak if peak else None, peak_memory_bytes=side.peak_memory(),
-        ratio=jax_tps / tps, flop_normalized_ratio=jax_tps * b.flops_per_token / (tps * torch_fpt))
+        mfu=tps * torch_fpt / peak if peak else None, peak_memory_bytes=side.peak_memory(), ratios={})
+    for jname, j in r["bertjax"].items():
+      per_round = [torch_rounds[name][i] / jax_rounds[jname][i] for i in range(rounds)]
+      r["torch"][name]["ratios"][jname] = dict(
+          ratio=j["tokens_per_sec"] / tps, min=min(per_round), max=max(per_round),
+          flop_normalized=j["tokens_per_sec"] * b.flops_per_token / (tps * torch_fpt))
   return r
 
 
@@ -304,6 +375,30 @@ def torch_sides(config, device: str, head: str, threads: int, malloc: str, compi
           for name in names}
 
 
+def print_variant(r: dict):
+  """One variant's lines: bertjax per routing setting (tok/s, MFU, compile, first-step numerics, which library runs
+  its dots), then PyTorch, with the ratio of each bertjax setting to it beside XLA's own routing's."""
+  mfu = lambda x: f"MFU {x:.2f}" if x is not None else "MFU -"
+  gib = lambda x: f", peak {x / 2**30:.1f} GiB" if x else ""
+  print(f"{r['variant']:>6} batch {r['batch_size']} x {r['seq_len']} {r['dtype']}, {r['attention']} attention:",
+        flush=True)
+  ref = next(iter(r["bertjax"].values()))["first_step"]
+  for name, j in r["bertjax"].items():
+    diff = max(abs(j["first_step"][k] - ref[k]) / max(abs(ref[k]), 1e-12) for k in ref)
+    libs = ", ".join(f"{lib} {row['flop_share']:.0%}" for lib, row in j["census"].items() if row["dots"])
+    print(f"{'':>6} bertjax {name:<16} {j['tokens_per_sec']:8.0f} tok/s, {mfu(j['mfu'])}{gib(j['peak_memory_bytes'])}"
+          f", compile {j['compile_seconds']:.0f}s, step-1 loss/grad-norm rel. diff {diff:.0e}; dot FLOPs: {libs}",
+          flush=True)
+  for name, t in r["torch"].items():
+    print(f"{'':>6} PyTorch {name} ({t['head']} head) {t['tokens_per_sec']:8.0f} tok/s, {mfu(t['mfu'])}"
+          + gib(t["peak_memory_bytes"]), flush=True)
+    for jname, x in t["ratios"].items():
+      note = {"default": " <- bertjax's default (runtime.CPU_XLA_FLAGS)",
+              "xla": " <- XLA's own routing (before issue #35; BERTJAX_CPU_FLAGS=off)"}.get(jname, "")
+      print(f"{'':>8} ratio bertjax {jname:<16} / PyTorch {name}: {x['ratio']:.2f}x [per-round {x['min']:.2f}-"
+            f"{x['max']:.2f}] (FLOP-normalized {x['flop_normalized']:.2f}x){note}", flush=True)
+
+
 def main(argv):
   del argv
   device = _DEVICE.value
@@ -314,6 +409,10 @@ def main(argv):
   platform = jax.devices()[0].platform
   if device == "gpu" and platform != "gpu":
     raise SystemExit(f"error: --device=gpu, but JAX sees {platform} devices; install jax[cuda12] on a GPU machine")
+  names = list(cpu_routing.settings()) if _SETTINGS.value == ["all"] else _SETTINGS.value
+  unknown = [n for n in names if n not in cpu_routing.settings()]
+  if unknown:
+    raise SystemExit(f"error: --settings: unknown {unknown}; choose from {list(cpu_routing.settings())} or all")
   results, torch_peak = [], None
   peak = bench.matmul_peak() if device == "cpu" else flops.peak_flops(jax.devices()[0])
   for variant in _VARIANTS.value or DEFAULT_VARIANTS[device]:
@@ -327,26 +426,25 @@ def main(argv):
             f"{_HEAD.value}; " + (f"2048^3 f32 matmul: XLA {peak / 1e9:.0f} GFLOP/s, PyTorch {torch_peak / 1e9:.0f} "
                                   "GFLOP/s" if device == "cpu" else f"dense bf16 peak {peak / 1e12:.0f} TFLOP/s"),
             flush=True)
-    r = dict(variant=variant, **compare(config, _STEPS.value, _ROUNDS.value, sides, device))
-    for side in sides.values():
+      if device == "cpu":
+        print("bertjax settings (one process each; ratio = bertjax tok/s / PyTorch tok/s at equal work, median of all "
+              "steps, [min-max] of the per-round ratios):\n" + "\n".join(
+                  f"  {n:<16} XLA_FLAGS={cpu_routing.settings()[n][0]!r}"
+                  + (f" model {cpu_routing.settings()[n][1]}" if cpu_routing.settings()[n][1] else "") for n in names),
+              flush=True)
+    jax_side = jax_sides(config, variant, device, names)
+    r = dict(variant=variant, **compare(config, _STEPS.value, _ROUNDS.value, sides, device, jax_side))
+    for side in (*sides.values(), *jax_side.values()):
       side.close()
     results.append(r)
-    mfu = lambda x: f"MFU {x:.2f}" if x is not None else "MFU -"
-    gib = lambda x: f"{x / 2**30:.1f} GiB"
-    print(f"{variant:>6} batch {r['batch_size']} x {r['seq_len']} {r['dtype']}: bertjax ({r['attention']} attention) "
-          f"{r['bertjax_tokens_per_sec']:8.0f} tok/s, {mfu(r['bertjax_mfu'])}, peak {gib(r['bertjax_peak_memory_bytes'])}",
-          flush=True)
-    for name, t in r["torch"].items():
-      print(f"{'':>6} PyTorch {name} ({t['head']} head) {t['tokens_per_sec']:8.0f} tok/s, {mfu(t['mfu'])}"
-            + (f", peak {gib(t['peak_memory_bytes'])}" if t["peak_memory_bytes"] else "")
-            + f": ratio {t['ratio']:.2f}x (FLOP-normalized {t['flop_normalized_ratio']:.2f}x)", flush=True)
+    print_variant(r)
   print(json.dumps(dict(device=device, peak=peak, torch_matmul_peak=torch_peak, torch_malloc=_TORCH_MALLOC.value,
                         torch_head=_HEAD.value, results=results)))
 
 
 def _define_flags():
   """The script's flags, defined only when run as a program (tests import its functions)."""
-  global _DEVICE, _VARIANTS, _BATCH, _SEQ, _HEAD, _COMPILE, _STEPS, _ROUNDS, _THREADS, _TORCH_MALLOC
+  global _DEVICE, _VARIANTS, _BATCH, _SEQ, _HEAD, _COMPILE, _STEPS, _ROUNDS, _THREADS, _TORCH_MALLOC, _SETTINGS
   _DEVICE = flags.DEFINE_enum("device", "cpu", ["cpu", "gpu"], "where both sides run (gpu: bf16, see above)")
   _VARIANTS = flags.DEFINE_list("variants", [], "configs/bert.py variants to compare (default: per device)")
   _BATCH = flags.DEFINE_integer("batch_size", 0, "global batch size for every variant (0: SHAPES)")
@@ -358,6 +456,9 @@ def _define_flags():
   _STEPS = flags.DEFINE_integer("steps", 5, "timed steps per side and round")
   _ROUNDS = flags.DEFINE_integer("rounds", 2, "rounds of alternating bertjax / PyTorch steps")
   _THREADS = flags.DEFINE_integer("threads", 0, "PyTorch intra-op threads (0: all cores, as XLA uses)")
+  _SETTINGS = flags.DEFINE_list("settings", DEFAULT_SETTINGS,
+                                "CPU: bertjax's routing settings, one process each (benchmarks/cpu_routing.py's "
+                                "SETTINGS, or 'all'); `default` is what runtime.setup() sets, `xla` the routing before")
   _TORCH_MALLOC = flags.DEFINE_enum("torch_malloc", "default", ["default", "retain"],
                                     "the PyTorch process's glibc malloc policy (bertjax/core/runtime.py)")
 

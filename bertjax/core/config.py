@@ -110,6 +110,9 @@ def defaults() -> ml_collections.ConfigDict:
       global_every=1,  # with local_window: layer i is global when i % global_every == 0, else local
       layer_types="",  # explicit per-layer pattern overriding global_every: "global,local,local,..."
       init="bert",  # bert (truncated normal init_std) | modernbert (output projections' std / sqrt(2 x layers))
+      # Dense weight gradients: xla (autodiff) | transposed (x^T materialized first, so XLA:CPU's YNNPACK takes
+      # them; bertjax.model.encoder.matmul_pretransposed). Same gradients; a CPU speed switch (docs/cpu.md).
+      dense_grad="xla",
   )
   # Objectives: name -> weight; 0 switches one off.
   c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0)

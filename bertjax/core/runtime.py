@@ -163,6 +163,29 @@ def configured_timeout() -> float:
   return float(m.group(1)) if m else 0.0
 
 
+# XLA:CPU flags bertjax sets by default on the CPU (`cpu_flags`), each unless the user's XLA_FLAGS names it;
+# BERTJAX_CPU_FLAGS=off sets none. None yet: oneDNN for dots (--xla_cpu_use_onednn=true
+# --xla_cpu_experimental_onednn_fusion_type=dot) takes every dot, but kills the process with SIGILL ("partition
+# compile failed") on a batched dot with an elementwise operand (attention without dropout), so it is no default
+# (docs/cpu.md).
+CPU_XLA_FLAGS = ()
+CPU_FLAGS_ENV = "BERTJAX_CPU_FLAGS"  # "off": leave XLA's own CPU routing (YNNPACK, then Eigen)
+
+
+def cpu_flags() -> list:
+  """Adds CPU_XLA_FLAGS to XLA_FLAGS, each unless XLA_FLAGS already names it (the user's value wins), and none
+  with BERTJAX_CPU_FLAGS=off. Only before the CPU backend starts, which is when XLA reads them. Returns the
+  flags it added."""
+  if os.environ.get(CPU_FLAGS_ENV, "").lower() in ("off", "0", "false", "none"):
+    return []
+  flags = os.environ.get("XLA_FLAGS", "")
+  named = {f.split("=")[0] for f in flags.split()}
+  added = [f"{name}={value}" for name, value in CPU_XLA_FLAGS if name not in named]
+  if added:
+    os.environ["XLA_FLAGS"] = " ".join([flags, *added]).strip()
+  return added
+
+
 def setup(join_timeout_s: float = 300.0, heartbeat_timeout_s: float = 100.0, step_timeout_s: float = 1200.0):
   """Platform choice, allocator policy, JAX flags and multi-host initialization (see join_job for the
   timeouts, which the training CLIs take from config.startup_timeout and config.heartbeat_timeout, and
@@ -175,6 +198,8 @@ def setup(join_timeout_s: float = 300.0, heartbeat_timeout_s: float = 100.0, ste
     retain_host_memory()
   if multi_process_env() and runs_on_cpu():
     collective_timeout_flags(step_timeout_s)
+  if runs_on_cpu():
+    cpu_flags()
   import jax
 
   jax.config.update("jax_threefry_partitionable", True)  # random bits need no cross-device traffic

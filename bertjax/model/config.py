@@ -5,7 +5,7 @@ import jax
 from bertjax.core import config as config_lib
 from bertjax.core.config import check, DTYPES
 from bertjax.model import attention as attention_lib
-from bertjax.model.encoder import EncoderConfig, REMAT_POLICIES, SHARING_MODES
+from bertjax.model.encoder import DENSE_GRADS, EncoderConfig, REMAT_POLICIES, SHARING_MODES
 
 
 def encoder_config(m, generator: bool = False, platform: str | None = None) -> EncoderConfig:
@@ -25,7 +25,8 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       scan_unroll=m.scan_unroll,
       activation=m.activation, position_offset=m.position_offset, attention=impl, head_size=m.head_size,
       position=m.position, rope_theta=m.rope_theta, local_rope_theta=m.local_rope_theta, ffn=m.ffn, norm=m.norm,
-      use_bias=m.use_bias, local_layers=local_layers(m), local_window=m.local_window, init=m.init)
+      use_bias=m.use_bias, local_layers=local_layers(m), local_window=m.local_window, init=m.init,
+      dense_grad=dense_grad(m.get("dense_grad", "xla"), platform or jax.default_backend()))
 
 
 LAYER_TYPES = ("global", "local")
@@ -42,6 +43,14 @@ def local_layers(m) -> tuple:
   return tuple(i % m.global_every != 0 for i in range(m.num_layers))
 
 
+def dense_grad(value: str, platform: str) -> str:
+  """model.dense_grad resolved on a platform: `auto` is `transposed` on the CPU (XLA:CPU's YNNPACK then runs
+  the weight gradients, which it otherwise leaves to Eigen: docs/cpu.md) and `xla` elsewhere."""
+  if value == "auto":
+    return "transposed" if platform == "cpu" else "xla"
+  return value
+
+
 def validate(config):
   """Checks config.model (head width, activation, sharing, remat, dtype, attention at every phase's seq_len);
   raises UserError with the fix on the first problem."""
@@ -52,6 +61,8 @@ def validate(config):
   check(m.activation in ("gelu", "gelu_new"), f"model.activation={m.activation!r}; use gelu or gelu_new")
   check(m.sharing in SHARING_MODES, f"model.sharing={m.sharing!r}; use one of {', '.join(SHARING_MODES)}")
   check(m.remat in REMAT_POLICIES, f"model.remat={m.remat!r}; use one of {', '.join(REMAT_POLICIES)}")
+  check(m.get("dense_grad", "xla") in ("auto", *DENSE_GRADS),
+        f"model.dense_grad={m.get('dense_grad')!r}; use one of auto, {', '.join(DENSE_GRADS)}")
   check(m.dtype in DTYPES, f"model.dtype={m.dtype!r}; use one of {', '.join(DTYPES)}")
   check(m.num_hidden_groups >= 1 and m.num_layers % m.num_hidden_groups == 0,
         f"model.num_hidden_groups={m.num_hidden_groups} must divide model.num_layers={m.num_layers}")

@@ -88,6 +88,9 @@ class EncoderConfig:
   local_layers: tuple = ()  # per layer, True: sliding-window attention; empty: every layer global
   local_window: int = 0  # a local layer's whole window: a token sees tokens at most local_window // 2 away
   init: str = "bert"  # bert (truncated normal init_std everywhere) | modernbert (output projections / sqrt(2 L))
+  # How a dense layer's weight gradient is computed: "xla" (autodiff: x^T @ dy with x transposed in the
+  # dot, which XLA:CPU's YNNPACK rejects and leaves to Eigen) | "transposed" (`matmul_pretransposed`).
+  dense_grad: str = "xla"
 
   @property
   def head_dim(self) -> int:
@@ -307,11 +310,36 @@ class Dense(nn.Module):
     its operands in hand (flax nn.intercept_methods; bertjax.compress.q8bert)."""
     # flax's promote_dtype (as nn.Dense calls it): quantization libraries intercept it (qwix: bertjax.compress.quantize).
     x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.cfg.dtype)
-    y = tokens_matmul(x, kernel, len(self.in_shape), flat_kernel=not self.cfg.quantizable)
+    y = tokens_matmul(x, kernel, len(self.in_shape), flat_kernel=not self.cfg.quantizable, grad=self.cfg.dense_grad)
     return y if bias is None else y + bias.astype(self.cfg.dtype)
 
 
-def tokens_matmul(x, kernel, n_in: int, flat_kernel: bool = True):
+DENSE_GRADS = ("xla", "transposed")
+
+
+@jax.custom_vjp
+def matmul_pretransposed(x, w):
+  """x [T, I] @ w [I, O], whose weight gradient multiplies an already-transposed copy of x: dW = (x^T) @ dy
+  with x^T materialized behind an optimization barrier (without it XLA folds the transpose back into the dot).
+  XLA:CPU's YNNPACK then takes every dot of the layer; the cost is one [I, T] copy per layer
+  (EncoderConfig.dense_grad="transposed"; measured in docs/cpu.md)."""
+  return x @ w
+
+
+def _pretransposed_fwd(x, w):
+  return x @ w, (x, w)
+
+
+def _pretransposed_bwd(res, g):
+  x, w = res
+  xt = jax.lax.optimization_barrier(x.T)
+  return g @ w.T, (xt @ g).astype(w.dtype)
+
+
+matmul_pretransposed.defvjp(_pretransposed_fwd, _pretransposed_bwd)
+
+
+def tokens_matmul(x, kernel, n_in: int, flat_kernel: bool = True, grad: str = "xla"):
   """x [..., *in] @ kernel [*in, *out] -> [..., *out], as one [tokens, in] x [in, out] matmul.
 
   The weight gradient contracts over every token; as a 2-D matmul it does so in place, while contracting
@@ -320,14 +348,18 @@ def tokens_matmul(x, kernel, n_in: int, flat_kernel: bool = True):
   (q/k/v [E, heads, head_dim], the attention output [heads, head_dim, E]) is flattened to 2-D too: contracted
   in its own shape it costs a transpose of the kernel or of the activation per matmul and gradient. Merging
   adjacent axes is a bitcast, and a batch axis sharded over the mesh stays the major part of the merged one.
-  `flat_kernel=False` keeps the kernel's shape for quantization (EncoderConfig.quantizable)."""
+  `flat_kernel=False` keeps the kernel's shape for quantization (EncoderConfig.quantizable); `grad` is
+  EncoderConfig.dense_grad (a flat kernel only)."""
   lead, out_shape = x.shape[: x.ndim - n_in], kernel.shape[n_in:]
   if flat_kernel:
     x2 = x.reshape(math.prod(lead), math.prod(kernel.shape[:n_in]))
     kernel, n_in = kernel.reshape(x2.shape[1], math.prod(out_shape)), 1
   else:
     x2 = x.reshape(math.prod(lead), *x.shape[x.ndim - n_in:])
-  y = jax.lax.dot_general(x2, kernel, ((tuple(range(1, n_in + 1)), tuple(range(n_in))), ((), ())))
+  if flat_kernel and grad == "transposed":
+    y = matmul_pretransposed(x2, kernel)
+  else:
+    y = jax.lax.dot_general(x2, kernel, ((tuple(range(1, n_in + 1)), tuple(range(n_in))), ((), ())))
   return y.reshape(*lead, *out_shape)
 
 
@@ -376,7 +408,7 @@ class Embeddings(nn.Module):
 
   def attend(self, x):
     """Logits against the word embeddings: the MLM decoder tied to the input embeddings."""
-    return tokens_matmul(x, self.word.astype(x.dtype).T, 1)
+    return tokens_matmul(x, self.word.astype(x.dtype).T, 1, grad=self.cfg.dense_grad)
 
 
 class Block(nn.Module):

@@ -1,4 +1,5 @@
-"""`python -m bertjax.train.bench --config=... [--batch_size=N] [--steps=N]`: compile and time the real train step.
+"""`python -m bertjax.train.bench --config=... [--batch_size=N] [--steps=N] [--census]`: compile and time the real
+train step.
 
 Prints one JSON object: `tokens_per_sec`, `step_seconds` (median of `--steps` timed steps after
 `--warmup` untimed ones), `compile_seconds` (trace + lower + XLA compile), `model_flops_per_token` (the
@@ -10,7 +11,10 @@ does on this machine under the same load. On CPU, peak memory is XLA's estimate 
 The step is `bertjax.train.step.train_step` jitted as the loop jits it (shardings from the model's logical
 axes, donated state), on a synthetic batch of the configured shape: [CLS] A [SEP] B [SEP] pairs of random
 non-special ids filling the whole sequence, so the masking, model, objectives and optimizer all run.
-The library functions here are what benchmarks/*.py reuse.
+`--census` compiles only and prints, instead, which library runs each matmul of the step (YNNPACK, oneDNN,
+Eigen: `bertjax.train.census`), a table on stderr and the census as one JSON object on stdout.
+The library functions here are what benchmarks/*.py reuse (`StepProcess`: a step compiled under its own XLA
+flags in a process of its own, for settings timed side by side).
 """
 
 import dataclasses
@@ -18,6 +22,7 @@ import json
 import os
 import resource
 import statistics
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -194,20 +199,128 @@ def measure(config, batch_size: int = 0, steps: int = 10, warmup: int = 2, peak:
   )
 
 
+class Job:
+  """A compiled step to time, as `StepProcess` workers build them: `run(state) -> state` (waits for the
+  result), a starting state, tokens per step, compile seconds, the optimized HLO and `scalars(state)`: the
+  numbers compared across settings for numerics (loss and gradient norm of the last step)."""
+
+  def __init__(self, run, state, tokens: int, compile_seconds: float, hlo: str, scalars, peak_memory: int = 0):
+    self.run, self.state, self.tokens, self.compile_seconds, self.hlo, self.scalars = (
+        run, state, tokens, compile_seconds, hlo, scalars)
+    self.peak_memory = peak_memory  # bytes (bench.peak_memory), 0 if unknown
+
+
+def pretrain_job(config, batch_size: int = 0) -> Job:
+  """The loop's train step for `config` (`setup`), as a Job: its scalars are the step's loss and grad_norm."""
+  from bertjax.core import metrics as metrics_lib
+
+  bench = setup(config, batch_size)
+  compiled, seconds = compile_step(bench)
+  out = {}
+
+  def run(state):
+    state, out["metrics"] = compiled(state, bench.batch)
+    jax.block_until_ready((state, out["metrics"]))
+    return state
+
+  def scalars(_):
+    m = metrics_lib.finalize(jax.device_get(out["metrics"]))
+    return dict(loss=float(m["loss"]), grad_norm=float(m["grad_norm"]))
+
+  return Job(run, bench.steps.init(jax.random.key(config.seed)), bench.batch_size * bench.seq_len, seconds,
+             compiled.as_text(), scalars, peak_memory(compiled)[0])
+
+
+def _step_worker(conn, make, args):
+  """A StepProcess's body: builds `make(*args)` (a Job) under the XLA flags its environment carries, then
+  answers ("steps", n) with n step times and ("scalars",) with the numerics, until ("close",)."""
+  runtime.setup()
+  from bertjax.train import census
+
+  job = make(*args)
+  state = job.run(job.state)  # the first step from the common start: its numbers are the numerics check
+  first = job.scalars(state)
+  conn.send(dict(compile_seconds=job.compile_seconds, census=census.census(job.hlo), first_step=first,
+                 tokens=job.tokens, xla_flags=os.environ.get("XLA_FLAGS", ""), peak_memory_bytes=job.peak_memory))
+  while (msg := conn.recv())[0] != "close":
+    times, cpu0 = [], time.process_time()
+    for _ in range(msg[1]):
+      t0 = time.perf_counter()
+      state = job.run(state)
+      times.append(time.perf_counter() - t0)
+    conn.send((times, time.process_time() - cpu0))
+
+
+class StepProcess:
+  """A Job built and timed in a process of its own, started with `env` added to the environment (XLA reads
+  XLA_FLAGS once, when its CPU backend starts: each setting of the flags needs its own process). Several
+  of them alternate `steps(n)` calls so that every setting sees the same machine load."""
+
+  def __init__(self, make, args: tuple, env: dict):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    self.conn, child = ctx.Pipe()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+      self.proc = ctx.Process(target=_step_worker, args=(child, make, args), daemon=True)
+      self.proc.start()
+    finally:
+      for k, v in saved.items():
+        if v is None:
+          os.environ.pop(k, None)
+        else:
+          os.environ[k] = v
+    self.info = self.conn.recv()
+    self.cpu_seconds, self.cpu_steps = 0.0, 0  # CPU time of the process's timed steps (all its threads)
+
+  def steps(self, n: int) -> list:
+    """n steps' wall times; their CPU time adds to `cpu_seconds` (less sensitive to other jobs' load)."""
+    self.conn.send(("steps", n))
+    times, cpu = self.conn.recv()
+    self.cpu_seconds, self.cpu_steps = self.cpu_seconds + cpu, self.cpu_steps + n
+    return times
+
+  def close(self):
+    self.conn.send(("close",))
+    self.proc.join()
+
+
 def _define_flags():
   """The CLI's flags, defined only when run as a program (so `import bertjax.train.bench` defines none)."""
   config = config_and_phase_flags("configs/bert.py:base", "time")
   batch = flags.DEFINE_integer("batch_size", 0, "global batch size (0: the config's)")
   steps = flags.DEFINE_integer("steps", 10, "timed steps (the median is reported)")
   warmup = flags.DEFINE_integer("warmup", 2, "untimed steps after compilation")
-  return config, batch, steps, warmup
+  census = flags.DEFINE_bool("census", False, "compile only, and print which library runs each matmul "
+                             "(bertjax.train.census: dots and FLOPs per library) instead of timing steps")
+  return config, batch, steps, warmup, census
+
+
+def census_of(config, batch_size: int = 0) -> dict:
+  """The dot census (bertjax.train.census) of the config's compiled train step, with the XLA flags in force."""
+  from bertjax.train import census
+
+  bench = setup(config, batch_size)
+  compiled, seconds = compile_step(bench)
+  return dict(census.of_compiled(compiled), compile_seconds=seconds, batch_size=bench.batch_size,
+              seq_len=bench.seq_len, xla_flags=os.environ.get("XLA_FLAGS", ""))
 
 
 @cli
 def main(argv):
   del argv
   runtime.setup()
-  config, batch, steps, warmup = _FLAGS
+  config, batch, steps, warmup, census = _FLAGS
+  if census.value:
+    from bertjax.train.census import format_census
+
+    result = census_of(config(), batch.value)
+    print(format_census(result, f"dot census of the train step, batch {result['batch_size']} x {result['seq_len']}, "
+                                f"XLA_FLAGS={result['xla_flags']!r}"), file=sys.stderr, flush=True)
+    print(json.dumps(result), flush=True)
+    return
   print(json.dumps(measure(config(), batch.value, steps.value, warmup.value)), flush=True)
 
 
