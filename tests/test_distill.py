@@ -19,15 +19,23 @@ from conftest import load_config, micro
 
 
 def test_distilbert_variant_counts_as_transformers_distilbert_for_masked_lm():
+  """summary's student count of configs/distill.py:distilbert is DistilBertForMaskedLM's; its embeddings and
+  encoder are DistilBertModel's (distilbert-base-uncased: 66,362,880)."""
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
+  from bertjax import summary
+
   c = load_config("configs/distill.py:distilbert")
-  ours = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(build.param_shapes(c)))
+  shapes = build.param_shapes(c)
+  ours = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+  base = sum(int(np.prod(x.shape)) for x in jax.tree.leaves({k: shapes[k] for k in ("embeddings", "encoder")}))
   hf = transformers.DistilBertConfig(vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072,
                                      max_position_embeddings=512)
   with torch.device("meta"):
     theirs = sum(p.numel() for p in transformers.DistilBertForMaskedLM(hf).parameters())
-  assert ours == theirs == 66_985_530
+    theirs_base = sum(p.numel() for p in transformers.DistilBertModel(hf).parameters())
+  assert ours == theirs == 66_985_530 and base == theirs_base == 66_362_880
+  assert f"student params: {theirs}" in summary.summarize(c).splitlines()
 
 
 def test_losses_on_hand_made_outputs():

@@ -1,0 +1,96 @@
+"""transformers' DistilBERT in and out: DistilBertModel / DistilBertForMaskedLM import (through
+`python -m bertjax.hf import`) with transformers' hidden states and logits, DistilBertForSequenceClassification
+with its pre_classifier + ReLU head, and the one-line refusals."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may download
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import jax
+import numpy as np
+import pytest
+from absl import flags
+
+from bertjax.core.errors import UserError
+from bertjax.hf import __main__ as hf_cli, configs as hf_configs, convert, inference
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+SIZES = dict(vocab_size=40, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=24)
+IDS = np.array([[2, 5, 9, 4, 7, 3, 0], [2, 11, 12, 13, 3, 0, 0]], np.int64)
+MASK = (np.arange(IDS.shape[1]) < np.array([[6], [5]])).astype(np.int64)
+
+
+def _save(cls, path, **extra):
+  """A randomly initialized transformers DistilBERT of class `cls` (biases and LayerNorms perturbed, so a
+  swapped tensor shows), saved as safetensors; returns the model."""
+  torch.manual_seed(0)
+  model = cls(transformers.DistilBertConfig(**SIZES, **extra)).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith(("bias", "LayerNorm.weight", "layer_norm.weight")):
+        p.add_(torch.randn_like(p) * 0.1)
+  model.save_pretrained(str(path))
+  return model
+
+
+def _run_cli(command, **values):
+  """`python -m bertjax.hf COMMAND --k=v ...` in this process."""
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(["bertjax.hf"] + [f"--{k}={v}" for k, v in values.items()])
+  try:
+    hf_cli.main(["bertjax.hf", command])
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
+def test_distilbert_for_masked_lm_imports_through_the_cli_with_transformers_outputs(tmp_path, capsys):
+  model = _save(transformers.DistilBertForMaskedLM, tmp_path / "hf")
+  _run_cli("import", hf_dir=tmp_path / "hf", workdir=tmp_path / "w")
+  n = sum(p.numel() for p in model.parameters())
+  assert f"imported distilbert ({n:,} parameters)" in capsys.readouterr().out  # exact count, decoder tied
+  loaded = inference.load(workdir=str(tmp_path / "w"))
+  assert loaded.config.model.type_vocab_size == 0 and not loaded.fresh
+  ids = IDS[:1, :6]
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(ids), output_hidden_states=True)
+  ours = inference.hidden_states(loaded.config, loaded.params, ids, np.zeros_like(ids))
+  np.testing.assert_allclose(ours, out.hidden_states[-1].numpy(), atol=1e-4)
+  logits = inference.logits(loaded.config, loaded.params, ids, np.zeros_like(ids))["mlm"]
+  np.testing.assert_allclose(logits, out.logits.numpy(), atol=1e-4)
+  # ... and back: the export loads as DistilBertForMaskedLM with the same logits.
+  _run_cli("export", workdir=tmp_path / "w", out=tmp_path / "again")
+  again = transformers.DistilBertForMaskedLM.from_pretrained(str(tmp_path / "again")).eval()
+  with torch.no_grad():
+    np.testing.assert_allclose(again(input_ids=torch.tensor(ids)).logits.numpy(), out.logits.numpy(), atol=1e-5)
+
+
+def test_a_bare_distilbert_model_imports_its_encoder_with_a_fresh_mlm_head(tmp_path):
+  model = _save(transformers.DistilBertModel, tmp_path / "hf")
+  imported = convert.read_hf(str(tmp_path / "hf"))
+  assert imported.family == "distilbert" and not imported.unused
+  assert sorted({p.split("/")[0] for p in imported.fresh}) == ["mlm"]
+  base = sum(x.size for k in ("embeddings", "encoder") for x in jax.tree.leaves(imported.params[k]))
+  assert base == sum(p.numel() for p in model.parameters())
+  with torch.no_grad():
+    theirs = model(input_ids=torch.tensor(IDS), attention_mask=torch.tensor(MASK)).last_hidden_state.numpy()
+  cfg = imported.config
+  from bertjax.model import config as model_config
+  from bertjax.model.pretrain import Pretrainer
+
+  m = Pretrainer(cfg=model_config.encoder_config(cfg.model))
+  ours = m.apply({"params": imported.params}, IDS.astype(np.int32), np.zeros_like(IDS, np.int32),
+                 MASK.astype(np.int32), method="encode")
+  real = MASK.astype(bool)
+  np.testing.assert_allclose(np.asarray(ours)[real], theirs[real], atol=1e-4)  # padding rows are free
+
+
+def test_distilbert_configs_bertjax_cannot_run_are_one_line_errors():
+  base = dict(model_type="distilbert", **SIZES)
+  with pytest.raises(UserError, match="sinusoidal_pos_embds"):
+    hf_configs.model_section(dict(base, sinusoidal_pos_embds=True), "distilbert")
+  with pytest.raises(UserError, match="activation 'relu'"):
+    hf_configs.model_section(dict(base, activation="relu"), "distilbert")
+  m = hf_configs.model_section(base, hf_configs.family_of(base))
+  assert (m["hidden_size"], m["num_layers"], m["intermediate_size"], m["type_vocab_size"]) == (32, 2, 64, 0)
