@@ -100,7 +100,8 @@ def get_config(arg: str = "sst2"):
       attention_dropout=-1.0,
       classifier_dropout=0.1,  # on the pooled [CLS] vector, before the classifier
       head="auto",  # pooler (BERT: tanh pooler, dropout, linear) | electra (dropout, dense, GELU, dropout,
-      # linear: ElectraForSequenceClassification) | auto: electra for ELECTRA checkpoints, else pooler
+      # linear: ElectraForSequenceClassification) | distilbert (dense, ReLU, dropout, linear:
+      # DistilBertForSequenceClassification) | auto: electra / distilbert for those checkpoints, else pooler
       dtype="float32",  # compute dtype: float32 | bfloat16
       quantize="",  # int8: quantization-aware fine-tuning and int8 evaluation of the encoder's matmuls (qwix)
   )

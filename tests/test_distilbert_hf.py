@@ -94,3 +94,32 @@ def test_distilbert_configs_bertjax_cannot_run_are_one_line_errors():
     hf_configs.model_section(dict(base, activation="relu"), "distilbert")
   m = hf_configs.model_section(base, hf_configs.family_of(base))
   assert (m["hidden_size"], m["num_layers"], m["intermediate_size"], m["type_vocab_size"]) == (32, 2, 64, 0)
+
+
+def test_distilbert_for_sequence_classification_in_and_out_with_transformers_logits(tmp_path):
+  """Its pre_classifier + ReLU + classifier head on [CLS] is bertjax's `distilbert` Classifier head: imported,
+  the logits are transformers' (padding included); exported, transformers reads back the same model."""
+  from bertjax.finetune import classifier_io
+
+  theirs = _save(transformers.DistilBertForSequenceClassification, tmp_path / "hf", num_labels=3)
+  run_config, model, params, _ = classifier_io.read_hf(str(tmp_path / "hf"))
+  assert model.head == "distilbert" and model.num_outputs == 3 and model.classifier_dropout == 0.2
+  ids, mask = IDS.astype(np.int32), MASK.astype(np.int32)
+  ours = np.asarray(model.apply({"params": params}, ids, np.zeros_like(ids), mask))
+  with torch.no_grad():
+    expected = theirs(input_ids=torch.tensor(IDS), attention_mask=torch.tensor(MASK)).logits.numpy()
+  np.testing.assert_allclose(ours, expected, atol=1e-4)
+  classifier_io.write_hf(run_config, model, params, str(tmp_path / "again"))
+  again = transformers.DistilBertForSequenceClassification.from_pretrained(str(tmp_path / "again")).eval()
+  with torch.no_grad():
+    back = again(input_ids=torch.tensor(IDS), attention_mask=torch.tensor(MASK)).logits.numpy()
+  np.testing.assert_allclose(back, expected, atol=1e-5)
+  with pytest.raises(UserError, match="DistilBertForSequenceClassification sentence classifiers"):
+    classifier_io.read_hf(_plain_bert_dir(tmp_path))
+
+
+def _plain_bert_dir(tmp_path) -> str:
+  path = tmp_path / "bert"
+  path.mkdir()
+  (path / "config.json").write_text('{"model_type": "bert", "architectures": ["BertForMaskedLM"]}')
+  return str(path)

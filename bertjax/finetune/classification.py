@@ -32,10 +32,12 @@ def validate(config):
 
 
 def head_kind(config, loaded) -> str:
-  """The head to build: model.head, with auto -> electra for ELECTRA checkpoints, else BERT's pooler."""
+  """The head to build: model.head, with auto -> electra for ELECTRA checkpoints, distilbert for DistilBERT's
+  shape (no segment embeddings), else BERT's pooler."""
   if config.model.head != "auto":
     return config.model.head
-  return "electra" if hf_configs.family_for(loaded.config) == "electra" else "pooler"
+  family = hf_configs.family_for(loaded.config)
+  return family if family in ("electra", "distilbert") else "pooler"
 
 
 def pretrained_pooler(loaded):

@@ -1,5 +1,5 @@
-"""The fine-tuning models (bertjax's Embeddings + Encoder and a task head: BERT's or ELECTRA's sentence
-classifier, the per-token tagger, multiple choice), their initialization from pretrained weights, and
+"""The fine-tuning models (bertjax's Embeddings + Encoder and a task head: BERT's, ELECTRA's or DistilBERT's
+sentence classifier, the per-token tagger, multiple choice), their initialization from pretrained weights, and
 ELECTRA's layer-wise learning-rate decay."""
 
 import functools
@@ -17,7 +17,7 @@ from bertjax.core.errors import UserError
 from bertjax.model.encoder import activation, dense, Embeddings, Encoder, EncoderConfig
 
 
-HEADS = ("pooler", "electra")
+HEADS = ("pooler", "electra", "distilbert")
 
 
 class Classifier(nn.Module):
@@ -27,6 +27,8 @@ class Classifier(nn.Module):
            dropout, linear classifier (BertForSequenceClassification, AlbertForSequenceClassification).
   electra  ElectraForSequenceClassification's: dropout, dense, GELU, dropout, linear on [CLS]; all fresh
            (task-specific), no tanh pooler.
+  distilbert  DistilBertForSequenceClassification's: dense (`pre_classifier`), ReLU, dropout, linear on [CLS];
+           fresh, no pooler (transformers' seq_classif_dropout is 0.2; here classifier_dropout).
   """
 
   cfg: EncoderConfig
@@ -45,6 +47,8 @@ class Classifier(nn.Module):
     if self.head == "electra":
       h = dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "transform")(drop(hidden[:, 0]))
       pooled = drop(activation(c, h))
+    elif self.head == "distilbert":
+      pooled = drop(nn.relu(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pre_classifier")(hidden[:, 0])))
     else:
       pooled = drop(jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pooler")(hidden[:, 0])))
     return dense(c, c.hidden_size, self.num_outputs, (sh.EMBED, None), "classifier")(pooled).astype(jnp.float32)
