@@ -123,3 +123,48 @@ def _plain_bert_dir(tmp_path) -> str:
   path.mkdir()
   (path / "config.json").write_text('{"model_type": "bert", "architectures": ["BertForMaskedLM"]}')
   return str(path)
+
+
+@pytest.mark.slow  # a fine-tuning run (two compiles); the head's logits and its export are tested above
+def test_fine_tuning_starts_from_an_imported_distilbert_and_exports_to_transformers(tmp_path, capsys):
+  """A transformers DistilBertForMaskedLM directory (with its WordPiece vocabulary) fine-tunes on a task it can
+  learn with DistilBERT's head (auto), and the saved classifier exports to DistilBertForSequenceClassification,
+  which scores the dev rows as bertjax did."""
+  from bertjax.finetune import classifier_io, model as ft_model, train
+  from conftest import load_config
+
+  words = "good bad film plot actor scene music story the a was is very".split()
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words
+  hf_dir = tmp_path / "hf"
+  torch.manual_seed(0)
+  transformers.DistilBertForMaskedLM(transformers.DistilBertConfig(**dict(SIZES, vocab_size=len(vocab)))).save_pretrained(
+      str(hf_dir))
+  (hf_dir / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  rng = np.random.default_rng(0)
+  task = tmp_path / "task"
+  task.mkdir()
+  for name, n in (("train.tsv", 400), ("dev.tsv", 100)):
+    rows = []
+    for _ in range(n):
+      label = int(rng.integers(2))
+      body = list(rng.choice(words[2:], size=5))
+      body.insert(int(rng.integers(6)), "good" if label else "bad")
+      rows.append(f"{' '.join(body)}\t{label}")
+    (task / name).write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+  config = load_config("configs/finetune.py:tiny")
+  config.task.source, config.init.checkpoint = f"tsv:{task}", str(hf_dir)
+  config.seeds, config.total_steps, config.seq_len, config.learning_rate = 1, 100, 16, 2e-3
+  config.model.dropout = config.model.attention_dropout = 0.0
+  config.save_model = True
+  results = train.finetune(config, str(tmp_path / "ft"))
+  assert results["per_seed"][0]["accuracy"] > 0.9, results  # chance is 0.5
+  run_config, model, params = ft_model.load_model(str(tmp_path / "ft" / "seed_0" / ft_model.MODEL_DIR))
+  assert model.head == "distilbert" and "pre_classifier" in params
+  evals = train.prepare(config)["eval"]
+  ours = train.predict(params, evals, model, 64)
+  classifier_io.write_hf(run_config, model, params, str(tmp_path / "out"))
+  exported = transformers.DistilBertForSequenceClassification.from_pretrained(str(tmp_path / "out")).eval()
+  with torch.no_grad():
+    theirs = exported(input_ids=torch.tensor(evals["input_ids"], dtype=torch.long),
+                      attention_mask=torch.tensor(evals["groups"] > 0, dtype=torch.long)).logits.numpy()
+  np.testing.assert_allclose(ours, theirs, atol=1e-4)
