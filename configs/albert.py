@@ -57,6 +57,7 @@ def get_config(arg: str = "base"):
   c.optimizer.name, c.optimizer.b1, c.optimizer.b2, c.optimizer.eps = "lamb", 0.9, 0.999, 1e-6
   c.optimizer.weight_decay, c.optimizer.clip_norm = 0.01, 1.0
   c.optimizer.schedule = "linear"
+  c.optimizer.bias_correction, c.optimizer.decay_mask = False, "bert"  # lamb_optimizer.py, as said above
   c.log_every, c.eval_every, c.checkpoint_every = 100, 10_000, 5_000
 
   if arg == "tiny":

@@ -45,14 +45,18 @@ def get_config(arg: str = "base"):
   # (google-research/bert optimization.py: polynomial_decay over num_train_steps, warmup overriding its start).
   c.optimizer.name, c.optimizer.b2, c.optimizer.weight_decay = "adamw", 0.999, 0.01
   c.optimizer.schedule = "linear"
+  # AdamWeightDecayOptimizer (google-research/bert optimization.py): no Adam bias correction; no decay on
+  # exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"].
+  c.optimizer.bias_correction, c.optimizer.decay_mask = False, "bert"
   c.log_every, c.eval_every, c.checkpoint_every = 100, 10_000, 10_000
 
   if arg == "large_lamb":
     # NVIDIA DeepLearningExamples PyTorch/LanguageModeling/BERT scripts/run_pretraining.sh (the LAMB paper's
     # recipe, You et al. 2020, Table 4's 64k/32k batches): phase 1 7,038 steps of 65,536 x 128, lr 6e-3, warmup
     # 28.43%; phase 2 1,563 steps of 32,768 x 512, lr 4e-3, warmup 12.8%; each phase restarts the schedule
-    # (PolyWarmUpScheduler, degree 0.5); LAMB with weight decay 0.01, clip 1.0. One difference: bertjax's LAMB is
-    # ALBERT's (no Adam bias correction); NVIDIA's FusedLAMB corrects.
+    # (PolyWarmUpScheduler, degree 0.5); LAMB with weight decay 0.01, clip 1.0: apex FusedLAMB
+    # (multi_tensor_lamb.cu), Adam bias correction on (bias_correction=True); run_pretraining.py's no_decay
+    # ['bias', 'gamma', 'beta', 'LayerNorm'] get weight decay 0 and so no trust ratio: decay_mask bert.
     steps1, steps2 = 7_038, 1_563
     c.total_steps, c.warmup_steps = steps1 + steps2, 0
     c.phases = (phase(steps1 / (steps1 + steps2), seq_len=128, batch_size=65_536, max_predictions=20,
@@ -60,6 +64,7 @@ def get_config(arg: str = "base"):
                 phase(steps2 / (steps1 + steps2), seq_len=512, batch_size=32_768, max_predictions=80,
                       learning_rate=4e-3, warmup_fraction=0.128))
     c.optimizer.name, c.optimizer.schedule = "lamb", "poly_sqrt"
+    c.optimizer.bias_correction, c.optimizer.decay_mask = True, "bert"
   if arg.startswith("tiny"):
     tiny_on_demo(c)
     c.phases = ()

@@ -70,6 +70,9 @@ def get_config(arg: str = "distilbert"):
   # --max_grad_norm 5.0, get_linear_schedule_with_warmup (decay over the steps after warmup).
   c.optimizer.name, c.optimizer.b1, c.optimizer.b2, c.optimizer.eps = "adamw", 0.9, 0.98, 1e-6
   c.optimizer.weight_decay, c.optimizer.clip_norm, c.optimizer.schedule = 0.0, 5.0, "linear_after_warmup"
+  # torch AdamW corrects Adam's bias; distiller.py's no_decay = ["bias", "LayerNorm.weight"] (which misses the
+  # student's sa_layer_norm / output_layer_norm weights; moot at weight decay 0).
+  c.optimizer.bias_correction, c.optimizer.decay_mask = True, "bert"
   c.log_every, c.eval_every, c.checkpoint_every = 100, 5_000, 5_000
 
   if arg == "distilbert":

@@ -51,6 +51,9 @@ def get_config(arg: str = "small"):
   # Optimizer: AdamW; warmup *multiplies* the linear decay (google-research/electra model/optimization.py).
   c.optimizer.name, c.optimizer.b2, c.optimizer.weight_decay = "adamw", 0.999, 0.01
   c.optimizer.schedule = "electra"
+  # AdamWeightDecayOptimizer (electra model/optimization.py, BERT's): no Adam bias correction; no decay on
+  # exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"].
+  c.optimizer.bias_correction, c.optimizer.decay_mask = False, "bert"
   c.log_every, c.eval_every, c.checkpoint_every = 100, 10_000, 10_000
 
   if arg == "tiny":

@@ -110,6 +110,9 @@ def get_config(arg: str = "sst2"):
       # schedule: linear (BERT's run_classifier: decay to 0 over all steps) | linear_after_warmup
       # (transformers' get_linear_schedule_with_warmup) | electra | cosine
       name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0, schedule="linear",
+      # google-research/bert optimization.py AdamWeightDecayOptimizer (run_classifier, run_squad; ELECTRA's
+      # fine-tuning uses the same optimizer): no Adam bias correction, no decay on biases and LayerNorm.
+      bias_correction=False, decay_mask="bert",
       layerwise_decay=1.0,  # ELECTRA: lr x decay^(depth from the top); 1.0 = off, ELECTRA base 0.8, large 0.9
   )
 
@@ -199,6 +202,8 @@ def token_and_choice_config(arg: str):
     c.seq_len, c.learning_rate, c.epochs, c.batch_size = 128, 5e-5, 3.0, 32
     c.warmup_fraction, c.epoch_mode = 0.0, "transformers"
     c.optimizer.update(weight_decay=0.0, eps=1e-8, schedule="linear_after_warmup")
+    # Trainer's torch AdamW: bias-corrected; decay mask: biases and LayerNorm weights excluded (moot at decay 0).
+    c.optimizer.update(bias_correction=True, decay_mask="bert")
   else:
     c.task = dict(
         kind=kind, name=arg,

@@ -49,12 +49,13 @@ def get_config(arg: str = "base"):
   # Objectives: MLM only.
   c.objectives.mlm = 1.0
   # Optimizer: Table 9's Adam betas (0.9, 0.98), eps 1e-6, weight decay 0.01 (fairseq's adam decouples it, as
-  # AdamW; fairseq decays every parameter, bertjax not biases and LayerNorm), gradient clipping 0.0 (fairseq
+  # AdamW, and decays every parameter: decay_mask all; it corrects Adam's bias), gradient clipping 0.0 (fairseq
   # --clip-norm 0.0: none; bertjax.train.optim treats 0 as off); linear decay as fairseq's polynomial_decay (power
   # 1, end lr 0), which decays over the steps after warmup.
   c.optimizer.name, c.optimizer.b1, c.optimizer.b2, c.optimizer.eps = "adamw", 0.9, 0.98, 1e-6
   c.optimizer.weight_decay, c.optimizer.clip_norm = 0.01, 0.0
   c.optimizer.schedule = "linear_after_warmup"
+  c.optimizer.bias_correction, c.optimizer.decay_mask = True, "all"  # fairseq/optim/adam.py (see above)
   c.log_every, c.eval_every, c.checkpoint_every = 100, 10_000, 10_000
 
   if arg == "tiny":

@@ -10,7 +10,7 @@ L2 weight decay 0.01, 10,000 warmup steps then linear decay, dropout 0.1, GELU; 
 The span sampler is SpanBERT's own (facebookresearch/SpanBERT masking.py; `masking.scheme=span`).
 
   python -m bertjax.train --config=configs/spanbert.py:tiny --workdir=/tmp/spanbert-tiny
-  python -m bertjax.summary --config=configs/spanbert.py:base      # params: 110301480
+  python -m bertjax.summary --config=configs/spanbert.py:base      # params: 110300480
 """
 
 from bertjax.core.config import defaults, tiny_on_demo
@@ -47,11 +47,17 @@ def get_config(arg: str = "base"):
   c.model.dtype = "bfloat16"
   # Objectives: MLM + SBO, summed (§3.2: L(x_i) = L_MLM(x_i) + L_SBO(x_i)); no NSP (§3.3).
   c.objectives.mlm, c.objectives.sbo = 1.0, 1.0
-  # Optimizer: Adam with L2 weight decay 0.01 (decoupled here, as in every bertjax recipe), lr 1e-4, betas
-  # (0.9, 0.999), warmup then linear decay (Appendix A). eps and clipping are not published: BERT's 1e-6 and 1.0.
-  c.optimizer.name, c.optimizer.b1, c.optimizer.b2, c.optimizer.eps = "adamw", 0.9, 0.999, 1e-6
+  # Optimizer: the published command (pretraining/README.md: --optimizer adam --lr 0.0001 --weight-decay 0.01
+  # --adam-eps 1e-8 --clip-norm 1.0 --warmup-updates 10000 --lr-scheduler polynomial_decay; betas default
+  # (0.9, 0.999)). Its fairseq/optim/adam.py decouples the weight decay, applies it to every parameter
+  # (decay_mask all: no bias/LayerNorm groups) and corrects Adam's bias (eps added to sqrt(v) before the
+  # correction: docs/recipes.md). Its polynomial_decay_schedule.py (SpanBERT's fairseq copy) sets
+  # lr x (1 - t / T) after the warmup, over the whole run as BERT's: bertjax's "linear" (--end-learning-rate
+  # default 0; --min-lr 1e-9 is fairseq's stopping threshold, not a floor).
+  c.optimizer.name, c.optimizer.b1, c.optimizer.b2, c.optimizer.eps = "adamw", 0.9, 0.999, 1e-8
   c.optimizer.weight_decay, c.optimizer.clip_norm = 0.01, 1.0
   c.optimizer.schedule = "linear"
+  c.optimizer.bias_correction, c.optimizer.decay_mask = True, "all"
   c.log_every, c.eval_every, c.checkpoint_every = 100, 10_000, 10_000
 
   if arg == "tiny":

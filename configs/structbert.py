@@ -53,6 +53,9 @@ def get_config(arg: str = "base"):
   c.optimizer.name, c.optimizer.b1, c.optimizer.b2, c.optimizer.eps = "adamw", 0.9, 0.999, 1e-6
   c.optimizer.weight_decay, c.optimizer.clip_norm = 0.01, 1.0
   c.optimizer.schedule = "linear"
+  # The pretraining code is not published; the optimizer alibaba/AliceMind releases with StructBERT
+  # (StructBERT/optimization.py BERTAdam) corrects Adam's bias, and BERT's recipe excludes biases and LayerNorm.
+  c.optimizer.bias_correction, c.optimizer.decay_mask = True, "bert"
   c.log_every, c.eval_every, c.checkpoint_every = 100, 10_000, 10_000
 
   if arg == "tiny":

@@ -128,6 +128,49 @@ def test_single_segments_stay_in_one_document():
     assert len(b) == 0 and len(set((a - 100) // DOC_SPAN)) == 1
 
 
+def _spanbert_blocks(sizes, max_num_tokens):
+  """facebookresearch/SpanBERT pretraining/fairseq/data/no_nsp_span_bert_dataset.py, BlockDataset with
+  break_mode "doc", on one document's sentence sizes: the (start, end) token offsets of its blocks."""
+  doc, at = [], 0
+  for sz in sizes:
+    doc.append((at, at + sz))
+    at += sz
+  blocks, current_chunk, curr = [], [], 0
+  while curr < len(doc):
+    sent = doc[curr]
+    if sent[1] - sent[0] <= max_num_tokens:
+      current_chunk.append(sent)
+      current_length = current_chunk[-1][1] - current_chunk[0][0]
+      if curr == len(doc) - 1 or current_length > max_num_tokens:
+        if current_length > max_num_tokens:
+          current_chunk = current_chunk[:-1]
+          curr -= 1
+        if len(current_chunk) > 0:
+          blocks.append((current_chunk[0][0], current_chunk[-1][1]))
+        current_chunk = []
+    curr += 1
+  return blocks
+
+
+def test_single_blocks_are_spanbert_s_end_on_sentence_boundaries_and_come_once():
+  """SpanBERT's blocks token for token: the sentence that would overflow a block starts the next, so every
+  token of the corpus is in one row, once, whatever dupe_factor says (the rows depend on no seed)."""
+  docs = _docs(seed=2)
+  arrays, stats = instances.make_instances(docs, "single", 64, SPECIAL, dupe_factor=5, seed=0)
+  rows = [r[r != SPECIAL.pad][1:-1] for r in arrays["input_ids"]]
+  expected = [np.concatenate([s[0] for s in d])[a:b] for d in docs
+              for a, b in _spanbert_blocks([len(s[0]) for s in d], 62)]
+  assert len(rows) == len(expected) == stats.instances
+  for got, want in zip(rows, expected):
+    np.testing.assert_array_equal(got, want)
+  # A sentence longer than a block is cut into block-sized pieces (SpanBERT would skip it): nothing is lost.
+  long = (np.arange(150, dtype=np.int32) + 7 * DOC_SPAN + 5000, np.ones(150, bool))
+  docs[7].insert(1, long)
+  arrays, _ = instances.make_instances(docs, "single", 64, SPECIAL, dupe_factor=5, seed=0)
+  body = arrays["input_ids"][~np.isin(arrays["input_ids"], [SPECIAL.pad, SPECIAL.cls, SPECIAL.sep])]
+  np.testing.assert_array_equal(np.sort(body), np.sort(np.concatenate([s[0] for d in docs for s in d])))
+
+
 # ------------------------------------------------------------------ electra (google-research/electra's ExampleBuilder)
 
 class _Scripted:

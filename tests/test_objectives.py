@@ -131,9 +131,9 @@ def _reference_loss(name, out, batch):
   b = jax.tree.map(np.asarray, batch)
   if name == "mlm":
     return _xent(out["mlm_logits"], b["mlm_labels"], b["mlm_weights"])
-  if name == "sbo":  # SpanBERT: slots whose span has text boundaries, within the first 20 tokens of the span
-    offset = b["mlm_positions"] - b["span_left"] - 1
-    return _xent(out["sbo_logits"], b["mlm_labels"], b["span_weights"] * (offset < 20))
+  if name == "sbo":  # SpanBERT: slots whose span has text boundaries, within the first 15 tokens of the span
+    offset = b["mlm_positions"] - b["span_left"] - 1  # (--max-pair-targets 15, pretraining/README.md)
+    return _xent(out["sbo_logits"], b["mlm_labels"], b["span_weights"] * (offset < 15))
   if name == "wso":  # StructBERT: the original token at every shuffled position
     return _xent(out["wso_logits"], b["wso_labels"], b["wso_weights"])
   if name in ("nsp", "sop", "sso"):

@@ -7,11 +7,13 @@ import re
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
 from flax import linen as nn
 
+from bertjax.core.errors import UserError
 from bertjax.model.encoder import is_stacked
 from bertjax.train import build, optim
 from conftest import micro
@@ -80,9 +82,11 @@ def test_schedule_matches_the_reference_formula(kind):
 
 @pytest.mark.parametrize("kind", ["linear", "electra"])
 def test_the_optimizer_steps_with_the_schedule(kind):
-  """A constant gradient makes each AdamW update lr(t) x 1 (no decay, no clipping): the applied rates."""
+  """A constant gradient makes each bias-corrected AdamW update lr(t) x 1 (no decay, no clipping): the applied
+  rates."""
   config = _lr_config(kind, peak=1e-2, warmup=4, total=12)
   config.optimizer.weight_decay, config.optimizer.clip_norm = 0.0, 0.0
+  config.optimizer.bias_correction = True
   tx = _pretraining_tx(config)
   params = {"w": jnp.ones(3)}
   state = tx.init(params)
@@ -203,3 +207,131 @@ def test_lamb_matches_albert_reference_per_layer(sharing, layers, groups):
     updates, state = update(g, state, theirs)
     theirs = optax.apply_updates(theirs, updates)
   assert max(np.abs(_unstack(theirs)[k] - ref[k]).max() for k in ref) > 1e-3
+
+
+# ------------------------------------------- optimizer.bias_correction / decay_mask against the references
+# Each rule below is transcribed from its source once, in NumPy float64, on a flat dict name -> one original
+# tensor (TF-style names, so BERT's exclude_from_weight_decay regexes apply as written); each yields the
+# parameters after every step.
+
+
+def _clip(grads, clip):
+  """Global-norm clipping: tf.clip_by_global_norm (BERT, ALBERT), apex's max_grad_norm and fairseq's
+  clip_grad_norm_ all scale every gradient by clip / max(norm, clip) (torch adds 1e-6 to the norm)."""
+  norm = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads.values()))
+  return {k: g.astype(np.float64) * clip / max(norm, clip) for k, g in grads.items()}
+
+
+def _reference_bert_adam(params, grads_per_step, lrs, b1, b2, eps, wd, clip):
+  """google-research/bert optimization.py AdamWeightDecayOptimizer.apply_gradients: next_m, next_v without
+  bias correction, update = next_m / (sqrt(next_v) + eps) (+ wd x param unless the name matches
+  exclude_from_weight_decay), param -= lr x update."""
+  p = {k: v.astype(np.float64) for k, v in params.items()}
+  m, v = ({k: np.zeros_like(x) for k, x in p.items()} for _ in range(2))
+  for grads, lr in zip(grads_per_step, lrs):
+    for k, g in _clip(grads, clip).items():
+      m[k], v[k] = b1 * m[k] + (1 - b1) * g, b2 * v[k] + (1 - b2) * g * g
+      update = m[k] / (np.sqrt(v[k]) + eps)
+      if not any(re.search(r, k) for r in _EXCLUDE):
+        update = update + wd * p[k]
+      p[k] = p[k] - lr * update
+    yield dict(p)
+
+
+def _reference_nvidia_lamb(params, grads_per_step, lrs, b1, b2, eps, wd, clip):
+  """apex csrc/multi_tensor_lamb.cu (FusedLAMB as NVIDIA's BERT recipe runs it: bias_correction 1,
+  grad_averaging 1, adam_w_mode 1, use_nvlamb False, max_grad_norm `clip`), run_pretraining.py's no_decay
+  groups (weight decay 0.0): stage 1 update = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + decay x p;
+  stage 2 ratio = ||p|| / ||update|| per tensor where decay != 0 and both norms are nonzero, p -= lr x ratio x
+  update."""
+  p = {k: v.astype(np.float64) for k, v in params.items()}
+  m, v = ({k: np.zeros_like(x) for k, x in p.items()} for _ in range(2))
+  for t, (grads, lr) in enumerate(zip(grads_per_step, lrs), start=1):
+    for k, g in _clip(grads, clip).items():
+      decay = 0.0 if any(re.search(r, k) for r in _EXCLUDE) else wd
+      m[k], v[k] = b1 * m[k] + (1 - b1) * g, b2 * v[k] + (1 - b2) * g * g
+      update = (m[k] / (1 - b1 ** t)) / (np.sqrt(v[k] / (1 - b2 ** t)) + eps) + decay * p[k]
+      p_norm, u_norm = np.linalg.norm(p[k]), np.linalg.norm(update)
+      ratio = p_norm / u_norm if decay != 0 and p_norm != 0 and u_norm != 0 else 1.0
+      p[k] = p[k] - lr * ratio * update
+    yield dict(p)
+
+
+def _reference_fairseq_adam(params, grads_per_step, lrs, b1, b2, eps, wd, clip):
+  """facebookresearch/SpanBERT pretraining/fairseq/optim/adam.py (RoBERTa's fairseq has the same rule):
+  every parameter in one group, denom = sqrt(exp_avg_sq) + eps, step_size = lr x sqrt(1 - b2^t) / (1 - b1^t),
+  p -= wd x lr x p, then p -= step_size x exp_avg / denom."""
+  p = {k: v.astype(np.float64) for k, v in params.items()}
+  m, v = ({k: np.zeros_like(x) for k, x in p.items()} for _ in range(2))
+  for t, (grads, lr) in enumerate(zip(grads_per_step, lrs), start=1):
+    for k, g in _clip(grads, clip).items():
+      m[k], v[k] = b1 * m[k] + (1 - b1) * g, b2 * v[k] + (1 - b2) * g * g
+      step_size = lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+      p[k] = p[k] - wd * lr * p[k]
+      p[k] = p[k] - step_size * m[k] / (np.sqrt(v[k]) + eps)
+    yield dict(p)
+
+
+def _small_tree():
+  """Parameters named as bertjax names them (a scanned stack of 2 layers, LayerNorm, biases, embeddings) with
+  BERT-like values, and 8 steps of gradients (one step's norm above the clip)."""
+  shapes = {"embeddings": {"word": (7, 4), "ln": {"scale": (4,), "bias": (4,)}},
+            "encoder": {"layers": {"dense": {"kernel": (2, 4, 4), "bias": (2, 4)}, "ln": {"scale": (2, 4)}}}}
+  rng = np.random.default_rng(3)
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, s: (float(p[-1].key == "scale") + rng.normal(0, 0.02, s)).astype(np.float32), shapes,
+      is_leaf=lambda x: isinstance(x, tuple))
+  grads = [jax.tree.map(lambda x: (rng.normal(0, 0.05 if t != 2 else 2.0, x.shape)).astype(np.float32), params)
+           for t in range(8)]
+  return params, grads
+
+
+def _run_ours(section, params, grads, lrs):
+  """bertjax's optimizer for `section` over the steps: the optimizer section and the parameters after each step."""
+  o = ml_collections.ConfigDict(dict(name="adamw", b1=0.9, b2=0.98, eps=1e-6, weight_decay=0.01, clip_norm=1.0,
+                                     bias_correction=True, decay_mask="bert"))
+  o.update(section)
+  tx = optim.make(o, lambda t: jnp.asarray(lrs, jnp.float32)[t])
+  state, ours, update = tx.init(params), jax.tree.map(jnp.asarray, params), jax.jit(tx.update)
+  out = []
+  for g in grads:
+    updates, state = update(g, state, ours)
+    ours = optax.apply_updates(ours, updates)
+    out.append(_unstack(ours))
+  return o, out
+
+
+# rule name: (optimizer section, reference, tolerance). fairseq adds eps to sqrt(v) before the bias correction,
+# optax to sqrt(v_hat): the same rule up to eps x (1 / sqrt(1 - b2^t) - 1) in the denominator (docs/recipes.md).
+RULES = {
+    "bert_adam_weight_decay": (dict(bias_correction=False), _reference_bert_adam, 1e-6),
+    "nvidia_lamb": (dict(name="lamb", bias_correction=True), _reference_nvidia_lamb, 1e-6),
+    "fairseq_adam": (dict(bias_correction=True, decay_mask="all", eps=1e-8), _reference_fairseq_adam, 2e-6),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_bias_correction_and_decay_mask_follow_the_reference_update_rules_step_for_step(rule):
+  section, reference, tol = RULES[rule]
+  params, grads = _small_tree()
+  lrs = [1e-2 * (t + 1) / 8 for t in range(8)]
+  o, mine = _run_ours(section, params, grads, lrs)
+  refs = list(reference(_unstack(params), [_unstack(g) for g in grads], lrs, o.b1, o.b2, o.eps, o.weight_decay,
+                        o.clip_norm))
+  assert len(refs) == len(mine) == 8
+  for t, (got, ref) in enumerate(zip(mine, refs), start=1):
+    assert got.keys() == ref.keys()
+    for k in ref:
+      np.testing.assert_allclose(got[k], ref[k], atol=tol, rtol=0, err_msg=f"{rule} step {t} {k}")
+  # The switch is what makes the difference: the other setting leaves the reference by far more.
+  flipped = dict(section, decay_mask="bert") if rule == "fairseq_adam" else \
+      dict(section, bias_correction=not o.bias_correction)
+  _, other = _run_ours(flipped, params, grads, lrs)
+  assert max(np.abs(other[-1][k] - refs[-1][k]).max() for k in refs[-1]) > 50 * tol
+
+
+def test_decay_mask_rejects_unknown_values():
+  config = micro()
+  config.optimizer.decay_mask = "none"
+  with pytest.raises(UserError, match="decay_mask='none'; use bert or all"):
+    optim.validate(config)

@@ -33,7 +33,9 @@ FAMILIES = {  # family: (config, overrides)
     "roberta": ("configs/roberta.py:tiny", {}),
     # AdamW at the AdamW tiny recipes' rate (tiny_on_demo's 2e-3), not the tiny LAMB one (1e-2): at 1e-2 AdamW
     # leaves the loss at chance over 20 steps, where "it trained" below is a coin flip on the masks drawn.
-    "albert": ("configs/albert.py:tiny", {"optimizer.name": "adamw", "learning_rate": 2e-3}),
+    # Bias-corrected, as the AdamW recipes before optimizer.bias_correction (ALBERT's LAMB has none).
+    "albert": ("configs/albert.py:tiny", {"optimizer.name": "adamw", "learning_rate": 2e-3,
+                                          "optimizer.bias_correction": True}),
     "electra": ("configs/electra.py:tiny", {}),
 }
 

@@ -61,17 +61,43 @@ def no_decay(name: str) -> bool:
   return name.endswith("bias") or name.endswith(("LayerNorm.weight", "layer_norm.weight"))
 
 
+class AdamWeightDecay(torch.optim.Optimizer):
+  """google-research/bert optimization.py AdamWeightDecayOptimizer in torch: m / (sqrt(v) + eps) from moments
+  without bias correction, plus weight_decay x w, times the rate (optimizer.bias_correction=False)."""
+
+  def __init__(self, params, lr, betas, eps, weight_decay=0.0):
+    super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+  @torch.no_grad()
+  def step(self):
+    for group in self.param_groups:
+      b1, b2 = group["betas"]
+      for p in group["params"]:
+        if p.grad is None:
+          continue
+        state = self.state[p]
+        if not state:
+          state["m"], state["v"] = torch.zeros_like(p), torch.zeros_like(p)
+        state["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
+        state["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+        update = state["m"] / (state["v"].sqrt() + group["eps"]) + group["weight_decay"] * p
+        p.sub_(group["lr"] * update)
+
+
 def adamw(config, modules, lr_scale=None):
   """(optimizer, LambdaLR scheduler, parameters) for `modules` with the config's AdamW settings and
   schedule; clipping is the caller's (torch.nn.utils.clip_grad_norm_ before each step). `lr_scale`
-  (parameter name -> factor) gives layer-wise rates."""
+  (parameter name -> factor) gives layer-wise rates. optimizer.bias_correction False: BERT's
+  AdamWeightDecay above; decay_mask all: decay on every parameter."""
   named = dict(torch.nn.ModuleList(modules).named_parameters())  # shared and tied tensors once
   o = config.optimizer
+  everything = o.get("decay_mask", "bert") == "all"
   groups = []
   for name, p in named.items():
-    groups.append({"params": [p], "weight_decay": 0.0 if no_decay(name) else o.weight_decay,
+    groups.append({"params": [p], "weight_decay": 0.0 if no_decay(name) and not everything else o.weight_decay,
                    "lr": config.learning_rate * (lr_scale(name) if lr_scale else 1.0)})
-  opt = torch.optim.AdamW(groups, lr=config.learning_rate, betas=(o.b1, o.b2), eps=o.eps)
+  kind = torch.optim.AdamW if o.get("bias_correction", True) else AdamWeightDecay
+  opt = kind(groups, lr=config.learning_rate, betas=(o.b1, o.b2), eps=o.eps)
   factor = SCHEDULES[o.schedule]
   sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: factor(t, config.warmup_steps, config.total_steps))
   return opt, sched, list(named.values())

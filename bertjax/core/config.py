@@ -105,8 +105,10 @@ def defaults() -> ml_collections.ConfigDict:
       b1=0.9,
       b2=0.999,
       eps=1e-6,
-      weight_decay=0.01,  # not applied to biases and LayerNorm
+      weight_decay=0.01,  # decoupled; on the parameters decay_mask names
       clip_norm=1.0,  # global gradient norm
+      bias_correction=True,  # Adam's 1 - b^t correction (torch/transformers, NVIDIA LAMB); False: google-research/bert's
+      decay_mask="bert",  # bert: no decay on biases and LayerNorm | all: every parameter (fairseq)
       schedule="linear",  # linear (BERT/ALBERT) | linear_after_warmup (RoBERTa) | electra | cosine | poly_sqrt: bertjax.train.optim
   )
   # Logging, checkpoints, eval.

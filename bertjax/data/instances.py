@@ -13,8 +13,11 @@ balanced.
 Two formats without a sentence objective pack more text into each row:
 - `full_sentences` (RoBERTa's FULL-SENTENCES): contiguous whole sentences, crossing document boundaries,
   up to seq_len, with an extra [SEP] where one document ends and the next begins; one attention group.
-- `packed`: runs of whole sentences of one document (as `single` makes them), several to a row, each
+- `packed`: blocks of whole sentences of one document (as `single` makes them), several to a row, each
   with its own group id (attention stays inside it) and positions restarting at 0 (`position_ids`).
+
+`single` (SpanBERT, and MLM-only runs) writes blocks of whole sentences of one document, the sentence that
+would overflow a block starting the next (SpanBERT's BlockDataset; `single_instances`), one pass only.
 
 `electra` follows google-research/electra's `build_pretraining_dataset.py` (`ExampleBuilder`), so that the
 segment-1 embedding is trained as in the published models though there is no sentence objective: the
@@ -156,22 +159,25 @@ def pair_instances(docs, doc_index, fmt, max_tokens, short_seq_prob, rng, stats)
     i += 1
 
 
-def single_instances(docs, doc_index, max_tokens, rng, stats):
-  """Yields runs of whole sentences of one document, up to max_tokens (no sentence objective)."""
+def single_instances(docs, doc_index, max_tokens, stats):
+  """Yields blocks of whole sentences of one document, up to max_tokens each (no sentence objective), as
+  SpanBERT makes them (facebookresearch/SpanBERT pretraining/fairseq/data/no_nsp_span_bert_dataset.py,
+  BlockDataset, break_mode "doc"): sentences join the block while they fit; the sentence that would overflow
+  it ends the block and starts the next, and the document's last sentence ends its last block, so every token
+  of the document is in exactly one block. One deliberate difference: a sentence longer than max_tokens is cut
+  into max_tokens-sized pieces, each its own block (SpanBERT skips such a sentence, and the block before it when
+  it ends a document)."""
   chunk, length = [], 0
-  target = max_tokens
-  for s in docs[doc_index]:
-    chunk.append((s[0][:max_tokens], s[1][:max_tokens]))
-    length += len(chunk[-1][0])
-    if length >= target:
-      ids, ws = _concat(chunk)
+  for ids, ws, _ in _pieces([docs[doc_index]], max_tokens):
+    if chunk and length + len(ids) > max_tokens:
       stats.instances += 1
-      yield (ids[:max_tokens], ws[:max_tokens]), None, 0
+      yield _concat(chunk), None, 0
       chunk, length = [], 0
+    chunk.append((ids, ws))
+    length += len(ids)
   if chunk:
     stats.instances += 1
-    ids, ws = _concat(chunk)
-    yield (ids, ws), None, 0
+    yield _concat(chunk), None, 0
 
 
 def _electra_segments(sentences, target, max_tokens, rng):
@@ -339,7 +345,7 @@ def _write_pass(rows: _RowBuffer, docs, fmt, seq_len, short_seq_prob, rng, stats
       rows.add_pair(content, None, 0)
   elif fmt == "packed":
     single = InstanceStats()  # its instances are the examples, counted by packed_rows
-    examples = (a for d in range(len(docs)) for a, _, _ in single_instances(docs, d, seq_len - 2, rng, single))
+    examples = (a for d in range(len(docs)) for a, _, _ in single_instances(docs, d, seq_len - 2, single))
     for examples_of_row in packed_rows(examples, seq_len, stats):
       rows.add_packed(examples_of_row)
   elif fmt == "electra":
@@ -349,7 +355,7 @@ def _write_pass(rows: _RowBuffer, docs, fmt, seq_len, short_seq_prob, rng, stats
   else:
     for d in range(len(docs)):
       if fmt == "single":
-        gen = single_instances(docs, d, seq_len - 2, rng, stats)
+        gen = single_instances(docs, d, seq_len - 2, stats)
       else:
         gen = pair_instances(docs, d, fmt, seq_len - 3, short_seq_prob, rng, stats)
       for a, b, label in gen:
@@ -361,9 +367,10 @@ def make_instances(docs, fmt, seq_len, special, *, short_seq_prob=0.1, dupe_fact
   """All instances of `docs` as stacked arrays, `dupe_factor` passes with different pairings.
 
   Returns (arrays, stats): input_ids, type_ids, word_start, groups [N, seq_len] (plus position_ids for
-  the packed format) and sentence_label [N]; arrays is None when there are no instances. full_sentences
-  and packed rows involve no random choice, so they get one pass whatever dupe_factor says (masking is
-  dynamic: every epoch masks them anew). NSP and SSO need two documents at least: with fewer, there are none.
+  the packed format) and sentence_label [N]; arrays is None when there are no instances. single,
+  full_sentences and packed rows involve no random choice, so they get one pass whatever dupe_factor says
+  (more passes would only write identical copies; masking is dynamic: every epoch masks them anew). NSP and SSO
+  need two documents at least: with fewer, there are none.
   """
   if fmt not in FORMATS:
     raise ValueError(f"unknown instance format {fmt!r}")
@@ -371,7 +378,7 @@ def make_instances(docs, fmt, seq_len, special, *, short_seq_prob=0.1, dupe_fact
   if fmt in ("nsp", "sso") and len(docs) < 2:
     return None, stats
   rows = _RowBuffer(seq_len, special, positions=fmt == "packed")
-  for dupe in range(dupe_factor if fmt in ("nsp", "sop", "sso", "electra", "single") else 1):
+  for dupe in range(dupe_factor if fmt in ("nsp", "sop", "sso", "electra") else 1):
     rng = random.Random(seed * 1000003 + dupe)
     _write_pass(rows, docs, fmt, seq_len, short_seq_prob, rng, stats)
     if dupe == 0:

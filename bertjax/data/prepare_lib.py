@@ -45,7 +45,7 @@ from bertjax.data.tokenizer_spec import load_tokenizer
 # the cache key and recorded in metadata.json, so rows built by other code are never reused silently. Bump
 # it with any change to the rows that code makes; tests/test_rows_version.py holds the golden digests of
 # every format's rows for this version, and fails when they change while it does not.
-ROWS_VERSION = 1
+ROWS_VERSION = 2  # 2: single blocks end on sentence boundaries (overflow starts the next block), one pass
 CHUNK_BYTES = 1 << 20  # text per work unit: big enough to amortize the hand-over, small enough to spread
 _EVAL_SPLIT_SEED = 1234  # held-out documents do not depend on the run's seed
 _HF_DIR = "tokenizer"  # an hf:DIR tokenizer's files, copied beside the shards

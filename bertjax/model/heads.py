@@ -8,9 +8,11 @@ from bertjax.core import sharding as sh
 from bertjax.model.encoder import _init, _zeros, activation, dense, EncoderConfig, layer_norm
 
 # SpanBERT's SBO head (facebookresearch/SpanBERT pretraining/fairseq/models/pair_bert.py,
-# BertPairTargetPredictionHead: max_targets=20, position_embedding_size=200): a relative-position table of
-# 20 rows of width 200; tokens further than 20 into a span have no SBO target.
-SBO_MAX_TARGETS = 20
+# BertPairTargetPredictionHead(max_targets=args.max_pair_targets, position_embedding_size=200)): a
+# relative-position table of max_pair_targets rows of width 200. The published run (pretraining/README.md)
+# passes --max-pair-targets 15 (the flag's default is 20): 15 rows; masking.py's pad_to_len keeps the first 15
+# tokens of a span as SBO targets, so tokens further than 15 into a span have none.
+SBO_MAX_TARGETS = 15
 SBO_POSITION_SIZE = 200
 
 

@@ -14,12 +14,20 @@ Schedules (`optimizer.schedule`), t the step (0-based, the step the rate is used
   poly_sqrt  NVIDIA DeepLearningExamples BERT `schedulers.py` PolyWarmUpScheduler (degree 0.5; their LAMB
            recipe): peak * t / w while t < w, then peak * (1 - t / T) ** 0.5 (decay over the whole run).
 
-AdamW is optax's (bias-corrected, as transformers' and torch's AdamW; the TF references skip the bias
-correction). LAMB is google-research/albert `lamb_optimizer.py`: Adam moments *without* bias correction,
-decoupled weight decay, and the trust ratio ||w|| / ||update|| -- except for the parameters excluded from
-weight decay (biases, LayerNorm), which ALBERT also excludes from layer adaptation. The trust ratio is
-taken per original tensor: per layer of a scanned `[layers, ...]` stack and per group of ALBERT's shared
-blocks, as the reference sees them.
+Two switches say which published rule an optimizer follows (each recipe config sets both and names its source):
+  optimizer.bias_correction  True: Adam's moments divided by 1 - b^t, update m_hat / (sqrt(v_hat) + eps)
+           (torch / transformers AdamW, NVIDIA's LAMB, fairseq's adam up to where eps sits: docs/recipes.md);
+           False: m / (sqrt(v) + eps) from the raw moments (google-research/bert and electra
+           AdamWeightDecayOptimizer, ALBERT's LAMB).
+  optimizer.decay_mask  bert: no weight decay on biases and LayerNorm (BERT's exclude_from_weight_decay
+           ["LayerNorm", "layer_norm", "bias"]); all: every parameter (fairseq's adam: RoBERTa, SpanBERT).
+Weight decay is decoupled (added to the update, times the learning rate) in every rule.
+
+AdamW with bias correction is optax's adamw. LAMB is google-research/albert `lamb_optimizer.py` (no bias
+correction) or NVIDIA's (apex FusedLAMB, with it): Adam's update plus decoupled weight decay, scaled by the
+trust ratio ||w|| / ||update|| -- except for the parameters excluded from weight decay, which both references
+also exclude from layer adaptation. The trust ratio is taken per original tensor: per layer of a scanned
+`[layers, ...]` stack and per group of ALBERT's shared blocks, as the reference sees them.
 """
 
 from typing import NamedTuple
@@ -34,6 +42,7 @@ from bertjax.model.encoder import is_stacked
 
 _NO_DECAY = ("bias", "scale")  # LayerNorm scale/bias and every bias: BERT's ["LayerNorm", "layer_norm", "bias"]
 SCHEDULES = ("linear", "linear_after_warmup", "electra", "cosine", "poly_sqrt")
+DECAY_MASKS = ("bert", "all")
 
 
 def schedule(kind: str, peak: float, warmup: int, total: int) -> optax.Schedule:
@@ -72,6 +81,16 @@ def validate(config):
   o = config.optimizer
   check(o.name in ("adamw", "lamb"), f"optimizer.name={o.name!r}; use adamw or lamb")
   check(o.schedule in SCHEDULES, f"optimizer.schedule={o.schedule!r}; use one of {', '.join(SCHEDULES)}")
+  check(_decay_kind(o) in DECAY_MASKS, f"optimizer.decay_mask={_decay_kind(o)!r}; use bert or all")
+  check(isinstance(_bias_correction(o), bool), f"optimizer.bias_correction={_bias_correction(o)!r}; use True or False")
+
+
+def _bias_correction(o) -> bool:
+  return o.get("bias_correction", True)  # a section saved before the switch existed: optax's adamw, corrected
+
+
+def _decay_kind(o) -> str:
+  return o.get("decay_mask", "bert")
 
 
 def decay_mask(params):
@@ -82,6 +101,16 @@ def decay_mask(params):
     return getattr(path[-1], "key", None) not in _NO_DECAY
 
   return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def decay_everything(params):
+  """fairseq's mask (optimizer.decay_mask=all): weight decay on every parameter."""
+  return jax.tree.map(lambda _: True, params)
+
+
+def decay_mask_fn(kind: str):
+  """The mask function of optimizer.decay_mask: bert -> decay_mask, all -> decay_everything."""
+  return {"bert": decay_mask, "all": decay_everything}[kind]
 
 
 def stacked_mask(params):
@@ -96,8 +125,9 @@ class _MomentsState(NamedTuple):
 
 
 def scale_by_adam_moments(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
-  """m / (sqrt(v) + eps) from Adam's moments *without* bias correction, as ALBERT's LAMB (optax's
-  scale_by_adam always corrects, and at step 1 that changes the update's size against the weight decay)."""
+  """m / (sqrt(v) + eps) from Adam's moments *without* bias correction, as ALBERT's LAMB and BERT's
+  AdamWeightDecayOptimizer (optax's scale_by_adam always corrects, and at step 1 that changes the update's
+  size against the weight decay)."""
 
   def init(params):
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)
@@ -127,22 +157,40 @@ def per_tensor_trust_ratio() -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
 
 
-def lamb(learning_rate, b1: float, b2: float, eps: float, weight_decay: float) -> optax.GradientTransformation:
-  """ALBERT's LAMB (google-research/albert lamb_optimizer.py) from optax's building blocks."""
+def _adam(b1: float, b2: float, eps: float, bias_correction: bool) -> optax.GradientTransformation:
+  return optax.scale_by_adam(b1, b2, eps) if bias_correction else scale_by_adam_moments(b1, b2, eps)
+
+
+def lamb(learning_rate, b1: float, b2: float, eps: float, weight_decay: float, bias_correction: bool = False,
+         mask=decay_mask) -> optax.GradientTransformation:
+  """LAMB from optax's building blocks: ALBERT's (google-research/albert lamb_optimizer.py; no bias
+  correction) or, with bias_correction, NVIDIA's (apex multi_tensor_lamb.cu: m / (1 - b1^t), v / (1 - b2^t))."""
   return optax.chain(
-      scale_by_adam_moments(b1, b2, eps),
-      optax.add_decayed_weights(weight_decay, mask=decay_mask),
-      # exclude_from_layer_adaptation defaults to exclude_from_weight_decay in the reference.
-      optax.masked(per_tensor_trust_ratio(), decay_mask),
+      _adam(b1, b2, eps, bias_correction),
+      optax.add_decayed_weights(weight_decay, mask=mask),
+      # ALBERT: exclude_from_layer_adaptation defaults to exclude_from_weight_decay; apex: the trust ratio only
+      # where the parameter group's weight decay is nonzero (use_nvlamb False).
+      optax.masked(per_tensor_trust_ratio(), mask),
       optax.scale_by_learning_rate(learning_rate),
   )
 
 
+def adam_weight_decay(learning_rate, b1: float, b2: float, eps: float, weight_decay: float,
+                      mask=decay_mask) -> optax.GradientTransformation:
+  """google-research/bert optimization.py AdamWeightDecayOptimizer (also ELECTRA's): update = m / (sqrt(v) +
+  eps) from moments without bias correction, plus weight_decay x w where the mask says, times the rate."""
+  return optax.chain(scale_by_adam_moments(b1, b2, eps), optax.add_decayed_weights(weight_decay, mask=mask),
+                     optax.scale_by_learning_rate(learning_rate))
+
+
 def make(o, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
-  """Global-norm clipping then AdamW or LAMB with the same decay mask, from an `optimizer` config section
-  (name, b1, b2, eps, weight_decay, clip_norm) and a learning rate or schedule."""
+  """Global-norm clipping then AdamW or LAMB, from an `optimizer` config section (name, b1, b2, eps,
+  weight_decay, clip_norm, bias_correction, decay_mask) and a learning rate or schedule."""
+  mask, corrected = decay_mask_fn(_decay_kind(o)), _bias_correction(o)
   if o.name == "lamb":
-    opt = lamb(learning_rate, o.b1, o.b2, o.eps, o.weight_decay)
+    opt = lamb(learning_rate, o.b1, o.b2, o.eps, o.weight_decay, corrected, mask)
+  elif corrected:
+    opt = optax.adamw(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=mask)
   else:
-    opt = optax.adamw(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask)
+    opt = adam_weight_decay(learning_rate, o.b1, o.b2, o.eps, o.weight_decay, mask)
   return optax.chain(optax.clip_by_global_norm(o.clip_norm), opt) if o.clip_norm else opt
