@@ -42,7 +42,8 @@ def get_config(arg: str = "distilbert"):
   # Its length is 3 epochs (train.py --n_epoch 3) of English Wikipedia + Toronto Book Corpus; in steps that
   # depends on the corpus, so 100k steps here is a placeholder to set for yours.
   c.batch_size, c.seq_len = 4096, 512
-  c.total_steps, c.warmup_steps, c.warmup_fraction, c.learning_rate = 100_000, -1, 0.05, 5e-4  # --warmup_prop 0.05, --learning_rate 5e-4
+  # train.py --warmup_prop 0.05 --learning_rate 5e-4.
+  c.total_steps, c.warmup_steps, c.warmup_fraction, c.learning_rate = 100_000, -1, 0.05, 5e-4
   # The teacher: a bertjax workdir (a training run or an import) or an HF checkpoint directory. It must share the
   # student's vocabulary; an empty data.tokenizer takes the teacher's.
   c.teacher = ""

@@ -134,8 +134,8 @@ def test_fine_tuning_starts_from_an_imported_distilbert_and_exports_to_transform
   vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words
   hf_dir = tmp_path / "hf"
   torch.manual_seed(0)
-  transformers.DistilBertForMaskedLM(transformers.DistilBertConfig(**dict(SIZES, vocab_size=len(vocab)))).save_pretrained(
-      str(hf_dir))
+  hf_config = transformers.DistilBertConfig(**dict(SIZES, vocab_size=len(vocab)))
+  transformers.DistilBertForMaskedLM(hf_config).save_pretrained(str(hf_dir))
   (hf_dir / "vocab.txt").write_text("\n".join(vocab) + "\n")
   rng = np.random.default_rng(0)
   task = tmp_path / "task"

@@ -189,8 +189,9 @@ def test_a_narrower_student_learns_through_tinyberts_projection(tmp_path):
   from bertjax.compress import distill
 
   teacher_dir, _ = _teacher_dir(tmp_path)
-  c = _student_config(teacher_dir, **{"model.hidden_size": 32, "model.intermediate_size": 64, "objectives.distill_cos": 0.0,
-                                      "objectives.distill_embedding": 1.0, "objectives.distill_hidden": 1.0})
+  c = _student_config(teacher_dir, **{"model.hidden_size": 32, "model.intermediate_size": 64,
+                                      "objectives.distill_cos": 0.0, "objectives.distill_embedding": 1.0,
+                                      "objectives.distill_hidden": 1.0})
   model = build.make_model(c)
   assert model.project and model.networks["projection"] == ["projection"]
   shapes = build.param_shapes(c)
