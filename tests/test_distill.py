@@ -196,8 +196,8 @@ def test_a_narrower_student_learns_through_tinyberts_projection(tmp_path):
   assert model.project and model.networks["projection"] == ["projection"]
   shapes = build.param_shapes(c)
   assert shapes["projection"]["kernel"].shape == (32, 64)
-  labels = distill.frozen_labels(c)(shapes)
-  assert labels["projection"]["kernel"] == "train" and labels["teacher"]["embeddings"]["word"] == "frozen"
+  frozen = distill.is_frozen(c)
+  assert not frozen(("projection", "kernel")) and frozen(("teacher", "embeddings", "word"))
   batch = {k: np.ones(v.shape, v.dtype) for k, v in build.host_batch_spec(c, 2).items()}
   batch.update(input_ids=np.full((2, c.seq_len), 7, np.int32), mlm_positions=np.zeros((2, 3), np.int32),
                mlm_weights=np.ones((2, 3), np.float32), original_ids=np.ones((2, c.seq_len), np.int32))
@@ -206,6 +206,11 @@ def test_a_narrower_student_learns_through_tinyberts_projection(tmp_path):
   assert out["student_layers"].shape == out["teacher_layers"].shape == (1, 2, c.seq_len, 64)
   with pytest.raises(distill.UserError, match="distill_cos compares final hidden states"):
     build.make_model(_student_config(teacher_dir, **{"model.hidden_size": 32}))
+  with pytest.raises(distill.UserError, match="must name 1 teacher layers"):
+    build.make_model(_student_config(teacher_dir, **{"distill.student_layers": (0, 1)}))
+  with pytest.raises(distill.UserError, match="freeze_position_embeddings keeps the position table"):
+    build.make_model(_student_config(teacher_dir, **{"model.hidden_size": 32, "objectives.distill_cos": 0.0,
+                                                     "distill.freeze_position_embeddings": True}))
 
 
 def test_a_distilbert_shaped_student_exports_to_distilbert_for_masked_lm(tmp_path):

@@ -65,7 +65,7 @@ def teacher_model(config, platform: str | None = None):
 def make_distiller(config, student, platform: str | None = None):
   """The Distiller of `student` (the config's Pretrainer) and the config's teacher (attention
   implementations for `platform`)."""
-  from bertjax.model.distill import Distiller
+  from bertjax.model.distill import Distiller, starts_from_teacher
 
   teacher = teacher_model(config, platform)
   objectives = config_lib.active_objectives(config)
@@ -96,39 +96,31 @@ def make_distiller(config, student, platform: str | None = None):
   if chosen and narrower:
     raise UserError("distill.student_layers copies teacher layers, which needs the teacher's width "
                     f"({t.hidden_size}, student {s.hidden_size}); set --config.distill.student_layers='()'")
-  if config.distill.get("freeze_position_embeddings") and narrower:
-    raise UserError("distill.freeze_position_embeddings keeps the position table copied from the teacher, which a "
-                    "student of another width does not get; set it to False")
+  if config.distill.get("freeze_position_embeddings") and not starts_from_teacher(s, t, chosen or None):
+    raise UserError("distill.freeze_position_embeddings keeps the position table copied from the teacher, which this "
+                    "student does not get (another width, or deeper than half the teacher without "
+                    "distill.student_layers); set it to False")
   return Distiller(student, teacher, temperature=config.distill.temperature, layer_outputs=layers,
                    all_positions="distill_ce" in objectives,
                    project=narrower and bool(set(objectives) & set(PROJECTED_OBJECTIVES)))
 
 
-def _is_frozen(config):
-  """path -> whether the optimizer leaves that parameter alone: the teacher and, with
-  distill.freeze_position_embeddings, the student's position table."""
+def is_frozen(config):
+  """A predicate on a parameter's path (its keys): whether the optimizer leaves that parameter alone, as the
+  teacher and, with distill.freeze_position_embeddings, the student's position table."""
   freeze_positions = bool(config.distill.get("freeze_position_embeddings"))
-
-  def frozen(path) -> bool:
-    keys = [getattr(k, "key", None) for k in path]
-    return keys[0] == "teacher" or (freeze_positions and keys[:3] == ["student", "embeddings", "position"])
-
-  return frozen
-
-
-def frozen_labels(config):
-  """The optimizer's label per parameter (a function of the params tree): "frozen" or "train"."""
-  frozen = _is_frozen(config)
-  return lambda params: jax.tree_util.tree_map_with_path(lambda p, _: "frozen" if frozen(p) else "train", params)
+  return lambda keys: keys[0] == "teacher" or (freeze_positions and tuple(keys[:3]) == ("student", "embeddings",
+                                                                                      "position"))
 
 
 def _zero_frozen(config) -> optax.GradientTransformation:
   """Zeroes the updates of the frozen student parameters (stateless)."""
-  frozen = _is_frozen(config)
+  frozen = is_frozen(config)
+  keys = lambda path: [getattr(k, "key", None) for k in path]
 
   def update(updates, state, params=None):
     del params
-    return jax.tree_util.tree_map_with_path(lambda p, u: jnp.zeros_like(u) if frozen(p) else u, updates), state
+    return jax.tree_util.tree_map_with_path(lambda p, u: jnp.zeros_like(u) if frozen(keys(p)) else u, updates), state
 
   return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
 

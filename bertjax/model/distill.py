@@ -116,21 +116,26 @@ class Distiller(nn.Module):
     return out
 
 
+def starts_from_teacher(student: EncoderConfig, teacher: EncoderConfig, layers=None) -> bool:
+  """Whether student_from_teacher copies the teacher into this student: the same width and no sharing, and
+  with `layers` None a student at most half as deep (every other teacher layer)."""
+  same_width = all(getattr(student, k) == getattr(teacher, k) for k in
+                   ("hidden_size", "num_heads", "intermediate_size", "embedding_size", "vocab_size", "head_dim"))
+  deep_enough = layers is not None or 2 * (student.num_layers - 1) < teacher.num_layers
+  return same_width and deep_enough and teacher.sharing == "none" and student.sharing == "none"
+
+
 def student_from_teacher(student_params: dict, teacher_params: dict, student: EncoderConfig,
                          teacher: EncoderConfig, layers=None) -> tuple:
   """(params, what was copied): DistilBERT's initialization of a student of the teacher's width from the
   teacher: embeddings (without the segment table if the student has none), the teacher layers `layers`
-  (0-based, one per student layer; None: every other one, 0, 2, 4, ...) and the MLM head. A student of another
-  width, or with `layers` None deeper than half the teacher, keeps its random initialization (returned with an
+  (0-based, one per student layer; None: every other one, 0, 2, 4, ...) and the MLM head. A student that
+  does not start from the teacher (starts_from_teacher) keeps its random initialization (returned with an
   empty list)."""
-  same_width = all(getattr(student, k) == getattr(teacher, k) for k in
-                   ("hidden_size", "num_heads", "intermediate_size", "embedding_size", "vocab_size", "head_dim"))
-  if layers is None:
-    if 2 * (student.num_layers - 1) >= teacher.num_layers:
-      return student_params, []
-    layers = np.arange(student.num_layers) * 2
-  if not same_width or teacher.sharing != "none" or student.sharing != "none":
+  if not starts_from_teacher(student, teacher, layers):
     return student_params, []
+  if layers is None:
+    layers = np.arange(student.num_layers) * 2
   layers = np.asarray(layers, np.int64)
   out = jax.tree.map(np.asarray, student_params)
   t = jax.tree.map(np.asarray, teacher_params)
