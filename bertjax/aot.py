@@ -68,7 +68,7 @@ def _compile(config, mesh):
   from bertjax.data.tokenizer import SPM_SPECIAL
   from bertjax.train import build
 
-  steps = build.make_steps(config, mesh, SPM_SPECIAL)
+  steps = build.make_steps(config, mesh, SPM_SPECIAL, build.placeholder_counts(config))
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=steps.batch_sharding)
            for k, v in build.host_batch_spec(config, config.batch_size).items()}
   return steps, steps.train.lower(steps.abstract_state, batch).compile()

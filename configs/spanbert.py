@@ -7,7 +7,10 @@ masking: 15% of the tokens in spans of whole words with length ~ Geometric(0.2) 
 words), [MASK]/random/kept 80/10/10 decided per span; loss = MLM + SBO; BERT-large's shape on cased WordPiece
 (the released spanbert-base-cased and spanbert-large-cased: vocab 28996); Adam lr 1e-4, betas (0.9, 0.999),
 L2 weight decay 0.01, 10,000 warmup steps then linear decay, dropout 0.1, GELU; batch 256, 2.4M steps.
-The span sampler is SpanBERT's own (facebookresearch/SpanBERT masking.py; `masking.scheme=span`).
+The published command (facebookresearch/SpanBERT pretraining/README.md) adds --adam-eps 1e-8 --clip-norm 1.0
+--max-pair-targets 15 --replacement-method span; its fairseq code decays every parameter, ends blocks on
+sentence boundaries and draws random replacements from the corpus token stream. The span sampler is SpanBERT's
+own (masking.py; `masking.scheme=span`). Every value's source and the differences that remain: docs/recipes.md.
 
   python -m bertjax.train --config=configs/spanbert.py:tiny --workdir=/tmp/spanbert-tiny
   python -m bertjax.summary --config=configs/spanbert.py:base      # params: 110300480
@@ -33,19 +36,25 @@ def get_config(arg: str = "base"):
   c.batch_size, c.seq_len = 256, 512
   c.total_steps, c.warmup_steps, c.learning_rate = 2_400_000, 10_000, 1e-4
   # Data: single segments of whole sentences up to 512 tokens, ending at a document boundary (§4.1: "we always
-  # take sequences of up to 512 tokens until it reaches a document boundary"); no pairs, so no short targets.
+  # take sequences of up to 512 tokens until it reaches a document boundary"); no pairs, so no short targets
+  # (--short-seq-prob 0.0). The sentence that would overflow a block starts the next (no_nsp_span_bert_dataset.py
+  # BlockDataset, break_mode doc); the rows depend on no seed, so they are written once (dupe_factor aside).
   c.data.format = "single"
   # Masking: SpanBERT's span sampler (§3.1): geometric(p=0.2) lengths in whole words clipped at 10, 15% of the
   # tokens (ceil, as its masking.py), 80/10/10 per span; max_predictions derived: ceil(512 x 0.15) = 77.
   c.masking.scheme, c.masking.mask_prob, c.masking.span_p, c.masking.max_span = "span", 0.15, 0.2, 10
   c.masking.mask_token_prob, c.masking.random_token_prob = 0.8, 0.1
+  # Random replacements from the corpus token stream (masking.py span_masking: np.random.choice(tokens), tokens
+  # the training split's token buffer): each id with probability proportional to its count.
+  c.masking.replace_dist = "unigram"
   # Model: BERT's architecture on cased WordPiece (spanbert-*-cased config.json: vocab_size 28996, 512
   # positions, 2 segment types), dropout 0.1 on all layers, GELU (Appendix A).
   c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = SIZES[arg]
   c.model.vocab_size, c.model.max_positions, c.model.type_vocab_size = 28996, 512, 2
   c.model.dropout = c.model.attention_dropout = 0.1
   c.model.dtype = "bfloat16"
-  # Objectives: MLM + SBO, summed (§3.2: L(x_i) = L_MLM(x_i) + L_SBO(x_i)); no NSP (§3.3).
+  # Objectives: MLM + SBO, summed (§3.2: L(x_i) = L_MLM(x_i) + L_SBO(x_i); --pair-loss-weight 1.0); no NSP (§3.3,
+  # --no-nsp). SBO predicts the first 15 tokens of a span (--max-pair-targets 15: bertjax.model.heads).
   c.objectives.mlm, c.objectives.sbo = 1.0, 1.0
   # Optimizer: the published command (pretraining/README.md: --optimizer adam --lr 0.0001 --weight-decay 0.01
   # --adam-eps 1e-8 --clip-norm 1.0 --warmup-updates 10000 --lr-scheduler polynomial_decay; betas default

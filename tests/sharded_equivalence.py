@@ -38,7 +38,7 @@ def run(config, devices, preset):
   config = config.copy_and_resolve_references()
   config.sharding = preset
   mesh = sharding.make_mesh(preset, devices=devices)
-  steps = build.make_steps(config, mesh, SPM_SPECIAL)
+  steps = build.make_steps(config, mesh, SPM_SPECIAL, build.placeholder_counts(config))
   state = steps.init(jax.random.key(config.seed))
   losses = []
   for batch in _batches(config, STEPS):
@@ -95,7 +95,7 @@ def restore_elsewhere(config, preset, state, workdir):
   for name, preset, devices in (("8 devices", elsewhere, jax.devices()), ("1 device", "dp", jax.devices()[:1])):
     c = config.copy_and_resolve_references()
     c.sharding = preset
-    target = build.make_steps(c, sharding.make_mesh(preset, devices=devices), SPM_SPECIAL)
+    target = build.make_steps(c, sharding.make_mesh(preset, devices=devices), SPM_SPECIAL, build.placeholder_counts(c))
     restored = ckpt.restore(target.abstract_state)
     leaves = jax.tree.leaves(restored.params)
     out[name] = dict(

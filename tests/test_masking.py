@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax.objectives import masking
+from bertjax.objectives import masking, sbo
 
 SPECIAL = (0, 1, 2, 3, 4)
 MASK, VOCAB = 4, 1000
@@ -184,7 +184,8 @@ def _spanbert_reference(word_start, budget, lengths, uniforms):
   """facebookresearch/SpanBERT's PairWithSpanMaskingScheme.mask, ported to plain Python on one text segment
   (no [CLS]/[SEP]) with its random draws given: `lengths[i]` the i-th span length in words, and an anchor
   drawn uniformly among the unmasked tokens (the reference redraws an anchor that is already masked, which is
-  the same distribution) as the unmasked token with the largest `uniforms[i]`. Returns the masked positions."""
+  the same distribution) as the unmasked token with the largest `uniforms[i]`. Returns the masked positions and
+  the spans ([first, last] token, as the reference records them for span_masking)."""
   n = len(word_start)
 
   def word_begin(i):  # get_word_start: back to the token that starts a word
@@ -198,16 +199,18 @@ def _spanbert_reference(word_start, budget, lengths, uniforms):
       i += 1
     return i
 
-  mask = set()
+  mask, spans = set(), []
   for span_len, u in zip(lengths, uniforms):
     if len(mask) >= budget:
       break
     anchor = max((i for i in range(n) if i not in mask), key=lambda i: u[i])
     left, right = word_begin(anchor), word_end(anchor)
+    spans.append([left, left])
     for i in range(left, right):
       if len(mask) >= budget:
         break
       mask.add(i)
+      spans[-1][-1] = i
     words = 1
     while words < span_len and right < n and len(mask) < budget:
       left, right = right, word_end(right)
@@ -216,13 +219,33 @@ def _spanbert_reference(word_start, budget, lengths, uniforms):
         if len(mask) >= budget:
           break
         mask.add(i)
-  return mask
+        spans[-1][-1] = i
+  return mask, spans
+
+
+def _spanbert_pair_targets(spans, n, max_pair_targets=15):
+  """SpanBERT's masking.py merge_intervals and span_masking (endpoints "external") with pad_to_len at
+  --max-pair-targets 15 (pretraining/README.md): for each merged span not touching the segment's edges, its
+  boundaries (start - 1, end + 1) and its first 15 tokens as SBO targets. Returns {(target, left, right)}."""
+  merged = []
+  for interval in sorted(spans, key=lambda x: x[0]):
+    if not merged or merged[-1][1] + 1 < interval[0]:
+      merged.append(list(interval))
+    else:
+      merged[-1][1] = max(merged[-1][1], interval[1])
+  out = set()
+  for start, end in merged:
+    if start > 0 and end < n - 1:
+      targets = list(range(start, end + 1))[:max_pair_targets]  # pad_to_len(..., pad_len + 2) keeps 2 + 15
+      out |= {(t, start - 1, end + 1) for t in targets}
+  return out
 
 
 def test_span_sampler_matches_a_port_of_spanbert_s_with_the_same_draws():
   """Single-segment rows ([CLS] text [SEP], as SpanBERT trains): the masked tokens of every row equal those
   of the reference sampler given the same draws (geometric(0.2) lengths clipped at 10 words, anchors), so
-  span lengths in words, word-start alignment, merging and the ceil(15%) budget cut all follow SpanBERT."""
+  span lengths in words, word-start alignment, merging and the ceil(15%) budget cut all follow SpanBERT; and
+  the SBO targets (merged spans, their external boundaries, the first 15 tokens of each) are SpanBERT's."""
   rows = 24
   rng = np.random.default_rng(5)
   ids = rng.integers(5, VOCAB, (rows, S)).astype(np.int32)
@@ -238,6 +261,7 @@ def test_span_sampler_matches_a_port_of_spanbert_s_with_the_same_draws():
   row_keys = jax.random.split(jax.random.split(key, 3)[0], rows)
   probs = jnp.asarray(masking.span_length_probs(cfg))
   p = cfg.max_predictions
+  long_spans = 0
   for b in range(rows):
     r_len, r_anchor = jax.random.split(row_keys[b])
     draws = np.asarray(jax.random.choice(r_len, 10, (p,), p=probs)) + 1
@@ -247,9 +271,16 @@ def test_span_sampler_matches_a_port_of_spanbert_s_with_the_same_draws():
     budget = math.ceil(n * 0.15)
     text_ws = ws[b, 1:n + 1].copy()
     text_ws[0] = True
-    expected = _spanbert_reference(text_ws, budget, draws, uniforms[:, 1:n + 1])
+    expected, spans = _spanbert_reference(text_ws, budget, draws, uniforms[:, 1:n + 1])
     got = out["mlm_positions"][b][out["mlm_weights"][b] > 0] - 1
     assert sorted(got.tolist()) == sorted(expected), b
+    # bertjax positions count [CLS]; SpanBERT's pair targets are offsets in the text (its dataset adds 1 later).
+    weighted = sbo.weights(out)[b] > 0
+    targets = {(p - 1, l - 1, r - 1) for p, l, r in zip(out["mlm_positions"][b][weighted],
+                                                       out["span_left"][b][weighted], out["span_right"][b][weighted])}
+    assert targets == _spanbert_pair_targets(spans, n), b
+    long_spans += any(e - s_ >= 15 for s_, e in spans)
+  assert long_spans, "no span reached the 15-target cap: the cap went untested"
 
 
 def _albert_ngrams(word_tokens, order, n_of, budget):
@@ -387,3 +418,4 @@ def test_wso_shuffles_unmasked_trigrams_out_of_order():
     counts.append((len(pos), int(np.round(trigrams * 0.05))))
   have, want = np.array(counts).T
   assert (have <= want).all() and (have == want).mean() > 0.95 and have.sum() > B // 4  # 5% of the free trigrams
+

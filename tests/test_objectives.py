@@ -30,7 +30,7 @@ def _setup(config):
   model = build.make_model(config)
   params = sharding.strip_boxes(model.init({"params": jax.random.key(0), "sample": jax.random.key(1),
                                             "dropout": jax.random.key(2)}, build.dummy_batch(config))["params"])
-  cfg = build.step_config(config, SPM_SPECIAL)
+  cfg = build.step_config(config, SPM_SPECIAL, build.placeholder_counts(config))  # SpanBERT draws by corpus counts
   return model, params, cfg
 
 

@@ -319,10 +319,10 @@ def test_bias_correction_and_decay_mask_follow_the_reference_update_rules_step_f
   refs = list(reference(_unstack(params), [_unstack(g) for g in grads], lrs, o.b1, o.b2, o.eps, o.weight_decay,
                         o.clip_norm))
   assert len(refs) == len(mine) == 8
-  for t, (got, ref) in enumerate(zip(mine, refs), start=1):
-    assert got.keys() == ref.keys()
-    for k in ref:
-      np.testing.assert_allclose(got[k], ref[k], atol=tol, rtol=0, err_msg=f"{rule} step {t} {k}")
+  for t, (got, want) in enumerate(zip(mine, refs), start=1):
+    assert got.keys() == want.keys()
+    for k in want:
+      np.testing.assert_allclose(got[k], want[k], atol=tol, rtol=0, err_msg=f"{rule} step {t} {k}")
   # The switch is what makes the difference: the other setting leaves the reference by far more.
   flipped = dict(section, decay_mask="bert") if rule == "fairseq_adam" else \
       dict(section, bias_correction=not o.bias_correction)

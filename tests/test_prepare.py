@@ -1,5 +1,6 @@
 """Preparation into shards and training from them: formats, streaming chunks, determinism, checks, the CLI."""
 
+import dataclasses
 import json
 import os
 import random
@@ -154,6 +155,29 @@ def test_shards_hold_the_counted_rows_and_the_held_out_documents(prepared, corpu
     assert (data["input_ids"][:, 0] == 2).all()  # [CLS]: ids 0..4 are the specials
   assert 0.4 < meta["counts"]["train"]["positive"] / meta["counts"]["train"]["instances"] < 0.65
   assert os.path.exists(os.path.join(directory, "tokenizer.model"))
+
+
+def test_the_train_text_s_token_counts_are_stored_checked_and_counted_alike_from_rows(prepared):
+  """prepare stores the train text's token counts (what masking.replace_dist=unigram and masking.smoothing draw
+  from); for RoBERTa's rows, which hold the train text once, they equal the loader's fallback count of the rows'
+  ids (shards prepared before counts were stored), special ids aside; a changed counts file is refused."""
+  directory = prepared["configs/roberta.py:tiny"]
+  meta = shards.read_metadata(directory)
+  stored = shards.read_token_counts(directory, meta)
+  assert stored.sum() == meta["token_counts"]["tokens"] > 1000
+  data = pipeline._open_shards(micro("configs/roberta.py:tiny", **{"data.source": f"shards:{directory}"}), directory)
+  never = list(data.tokenizer.special.never_masked)
+  vocab = len(stored)
+  fallback = pipeline.corpus_token_counts(dataclasses.replace(data, token_counts=None), vocab)
+  kept = pipeline.corpus_token_counts(data, vocab)
+  kept[never] = 0
+  np.testing.assert_array_equal(kept, fallback)
+  np.save(os.path.join(directory, shards.TOKEN_COUNTS), stored + 1)
+  try:
+    with pytest.raises(UserError, match="not the token counts metadata.json records"):
+      shards.read_token_counts(directory, meta)
+  finally:
+    np.save(os.path.join(directory, shards.TOKEN_COUNTS), stored)
 
 
 def test_electra_shards_count_their_one_segment_rows_and_eval_has_no_short_targets(prepared):

@@ -64,6 +64,8 @@ def defaults() -> ml_collections.ConfigDict:
       max_predictions=0,  # MLM slots per example (the budget); 0: ceil(seq_len x mask_prob)
       mask_token_prob=0.8,  # of the chosen tokens: share replaced by [MASK]
       random_token_prob=0.1,  # ... by a random token (the rest stay as they are)
+      replace_dist="uniform",  # random tokens: uniform over the vocabulary (BERT) | unigram: by corpus count (SpanBERT)
+      smoothing=0.0,  # token scheme: p(choose a token) ~ count^-smoothing (DistilBERT's mlm_smoothing 0.7); 0: uniform
       max_ngram=3,  # ngram scheme
       span_p=0.2,  # span scheme: geometric parameter
       max_span=10,  # span scheme: longest span in words

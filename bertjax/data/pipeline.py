@@ -37,6 +37,7 @@ class Dataset:
   eval: shards.Rows
   tokenizer: Tokenizer
   stats: dict  # counts to report at start-up: source, train, eval (as prepared) and format
+  token_counts: np.ndarray = None  # int64 [tokenizer vocab] of the train text, as prepared (None: not stored)
 
 
 def cache_dir(config) -> str:
@@ -192,7 +193,23 @@ def _open_shards(config, directory: str, cached: bool = False) -> Dataset:
   counts = meta["counts"]
   stats = dict(source=sources.SourceStats(**counts["source"]), format=fmt,
                train=instances.InstanceStats(**counts["train"]), eval=instances.InstanceStats(**counts["eval"]))
-  return Dataset(shards.open_split(directory, meta, "train"), shards.open_split(directory, meta, "eval"), tok, stats)
+  return Dataset(shards.open_split(directory, meta, "train"), shards.open_split(directory, meta, "eval"), tok, stats,
+                 shards.read_token_counts(directory, meta))
+
+
+def corpus_token_counts(data: Dataset, vocab_size: int) -> np.ndarray:
+  """int64 [vocab_size]: how often each id occurs in the training text, what masking.replace_dist=unigram and
+  masking.smoothing draw from. The counts stored with the shards (prepare counts the text before instances
+  are made), or, for shards prepared before they were stored, the ids of the train rows other than padding
+  and special tokens, counted once here (a pass over the split; a note says so)."""
+  counts = data.token_counts
+  if counts is None:
+    print(f"data: these shards hold no token counts (prepared before they were stored); counting the "
+          f"{len(data.train):,} train rows once", file=sys.stderr, flush=True)
+    counts = shards.count_tokens(data.train, vocab_size, data.tokenizer.special.never_masked)
+  out = np.zeros(vocab_size, np.int64)
+  out[:min(len(counts), vocab_size)] = counts[:vocab_size]  # an HF tokenizer may have fewer ids than the model
+  return out
 
 
 class ArrayRows:

@@ -49,7 +49,7 @@ ROWS_VERSION = 2  # 2: single blocks end on sentence boundaries (overflow starts
 CHUNK_BYTES = 1 << 20  # text per work unit: big enough to amortize the hand-over, small enough to spread
 _EVAL_SPLIT_SEED = 1234  # held-out documents do not depend on the run's seed
 _HF_DIR = "tokenizer"  # an hf:DIR tokenizer's files, copied beside the shards
-_OUR_FILES = (shards.METADATA, "tokenizer.model", "tokenizer.vocab", "vocab.txt", _HF_DIR)
+_OUR_FILES = (shards.METADATA, "tokenizer.model", "tokenizer.vocab", "vocab.txt", _HF_DIR, shards.TOKEN_COUNTS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,7 @@ class ChunkResult:
   documents: int
   sentences: int
   tokens: int  # tokens of the corpus text (before instances are made)
+  token_counts: np.ndarray  # int64 [vocab]: how often each id occurs in that text (train chunks; eval: zeros)
 
 
 def resolve_format(config) -> str:
@@ -158,6 +159,8 @@ def process_chunk(task) -> ChunkResult:
   settings, split, index, docs = task
   tok = _tokenizer(settings.tokenizer)
   tokenized, sentences, tokens = [], 0, 0
+  counts = np.zeros(tok.vocab_size, np.int64)
+  train = split == "train"
   for lines in docs:
     sents = sources.to_sentences(lines, settings.paragraphs)
     sentences += len(sents)
@@ -165,13 +168,14 @@ def process_chunk(task) -> ChunkResult:
     tokens += sum(len(e[0]) for e in encoded)
     if encoded:
       tokenized.append(encoded)
-  train = split == "train"
+      if train:  # the corpus unigram counts (masking.replace_dist=unigram, masking.smoothing) are the train text's
+        counts += np.bincount(np.concatenate([e[0] for e in encoded]), minlength=tok.vocab_size)[:tok.vocab_size]
   arrays, stats = instances.make_instances(
       tokenized, settings.fmt, settings.seq_len, tok.special,
       short_seq_prob=settings.short_seq_prob if train else 0.0, dupe_factor=settings.dupe_factor if train else 1,
       seed=chunk_seed(settings.seed if train else 0, split, index))
   records = np.empty(0, settings.dtype) if arrays is None else shards.to_records(arrays, settings.dtype)
-  return ChunkResult(split, records, stats, len(docs), sentences, tokens)
+  return ChunkResult(split, records, stats, len(docs), sentences, tokens, counts)
 
 
 def ordered_map(fn, tasks, workers: int, max_in_flight: int = 0):
@@ -350,6 +354,7 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
   writers = {split: shards.ShardWriter(directory, split, settings.dtype) for split in ("train", "eval")}
   made = {split: instances.InstanceStats() for split in writers}
   documents, sentences, tokens = dict(train=0, eval=0), 0, 0
+  token_counts = np.zeros(tok.vocab_size, np.int64)
   bar = Progress(reader, progress) if progress else None
   chunks = chunk_documents(reader.read(stats), d.eval_fraction, CHUNK_BYTES)
   tasks = ((settings, split, index, docs) for split, index, docs in chunks)
@@ -358,6 +363,7 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
     _add(made[result.split], result.stats)
     documents[result.split] += result.documents
     sentences, tokens = sentences + result.sentences, tokens + result.tokens
+    token_counts += result.token_counts
     if bar:
       bar.update(stats, tokens, made["train"].instances + made["eval"].instances)
   files = {split: w.close() for split, w in writers.items()}
@@ -383,6 +389,7 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
       counts=dict(source=dataclasses.asdict(stats), tokens=tokens,
                   **{split: dataclasses.asdict(made[split]) for split in writers}),
       timing=dict(tokenizer_seconds=t1 - t0, seconds=seconds, workers=workers, tokens_per_second=tokens / seconds),
+      token_counts=shards.write_token_counts(directory, token_counts),
   )
   shards.write_metadata(directory, meta)
   return meta

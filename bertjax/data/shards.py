@@ -8,6 +8,8 @@ Layout of a shards directory (what `python -m bertjax.data.prepare` writes):
                          reads a row); written last, so a directory without it is an unfinished preparation
   tokenizer.model        the tokenizer (vocab.txt for WordPiece, tokenizer/ for a checkpoint's hf:DIR); training uses it
   train-00000.rows ...   rows of the train split; eval-00000.rows ... rows of the held-out documents
+  token_counts.npy       int64 [tokenizer vocab]: how often each id occurs in the train split's text (the corpus
+                         unigram distribution that masking.replace_dist=unigram and masking.smoothing use)
 
 A .rows file is a flat array of fixed-size records (numpy structured dtype, little-endian, no header), one
 per training row: every field of a row is stored together, so gathering a batch reads each row's bytes
@@ -25,6 +27,7 @@ import numpy as np
 from bertjax.core.errors import UserError
 
 METADATA = "metadata.json"
+TOKEN_COUNTS = "token_counts.npy"
 VERSION = 1
 SHARD_BYTES = 1 << 30  # a shard file holds about this many bytes of rows
 # Stored type of each field (input_ids: see storage_types); _SCALARS are one value per row.
@@ -150,6 +153,35 @@ class Rows:
     """Rows `indices` as field -> array in the in-memory types."""
     records = self.records(indices)
     return {name: _widen(name, records[name]) for name in self.dtype.names}
+
+
+def write_token_counts(directory: str, counts: np.ndarray) -> dict:
+  """Writes the corpus token counts beside the shards; returns their metadata entry (file, sha256, tokens)."""
+  path = os.path.join(directory, TOKEN_COUNTS)
+  np.save(path, np.asarray(counts, np.int64))
+  return dict(file=TOKEN_COUNTS, sha256=file_sha256(path), tokens=int(np.sum(counts)))
+
+
+def read_token_counts(directory: str, meta: dict):
+  """The corpus token counts a preparation stored (int64 [vocab]), checked against their sha256; None for a
+  preparation made before they were stored."""
+  entry = meta.get("token_counts")
+  if not entry:
+    return None
+  path = os.path.join(os.path.expanduser(directory), entry["file"])
+  if not os.path.isfile(path) or file_sha256(path) != entry["sha256"]:
+    raise UserError(f"{path} is missing or not the token counts metadata.json records; prepare the shards again")
+  return np.load(path)
+
+
+def count_tokens(rows, vocab_size: int, never: tuple, batch: int = 4096) -> np.ndarray:
+  """Token counts of the ids in `rows` (shards.Rows or pipeline.ArrayRows) other than the ids in `never`
+  (padding and special tokens), read `batch` rows at a time: the fallback for shards without stored counts."""
+  counts = np.zeros(vocab_size, np.int64)
+  for start in range(0, len(rows), batch):
+    ids = rows.take(np.arange(start, min(start + batch, len(rows))))["input_ids"].ravel()
+    counts += np.bincount(ids[~np.isin(ids, never)], minlength=vocab_size)[:vocab_size]
+  return counts
 
 
 def write_metadata(directory: str, meta: dict):

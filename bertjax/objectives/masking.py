@@ -8,8 +8,18 @@ random token / stay as they are with probabilities (mask_token_prob, random_toke
 80/10/10, ELECTRA 85/0/15. Each slot also carries the boundaries of its span (the maximal run of masked
 tokens around it), which SpanBERT's span-boundary objective predicts from.
 
+Two options draw from the corpus unigram distribution, given to `mask_batch` as a [vocab] vector of token
+counts (`token_counts`, an array input: the compiled step does not change with the corpus):
+- `replace_dist`: uniform (BERT: random ids uniformly from the vocabulary) | unigram (SpanBERT:
+  masking.py's `np.random.choice(tokens)` draws a position of the corpus token stream, i.e. an id with
+  probability proportional to its count). Special ids are never drawn in either.
+- `smoothing` s (DistilBERT's --mlm_smoothing 0.7; token scheme): a token is chosen with probability
+  proportional to max(count, 1)^-s (train.py: token_probs = np.maximum(counts, 1) ** -mlm_smoothing), without
+  replacement (Gumbel top-k, the distribution of distiller.py's torch.multinomial(..., replacement=False));
+  0 = uniform.
+
 `make_config` turns the run config's masking section (with the tokenizer's special ids) into a MaskingConfig;
-`validate` checks that section.
+`validate` checks that section; `needs_counts` says whether a config needs the corpus token counts.
 """
 
 import dataclasses
@@ -23,6 +33,7 @@ from bertjax.core import config as config_lib
 from bertjax.core.config import check
 
 SCHEMES = ("token", "whole_word", "ngram", "span")
+REPLACE_DISTS = ("uniform", "unigram")
 TRIGRAM = 3  # StructBERT's K: "we randomly choose ... unmasked trigrams" (Wang et al. 2020, §2.2)
 # The 3-token permutations other than the identity: a shuffled trigram always changes order (an unshuffled
 # one would teach the objective nothing about order).
@@ -46,6 +57,13 @@ class MaskingConfig:
   max_span: int = 10
   shuffle_share: float = 0.0  # StructBERT WSO: share of the unmasked trigrams shuffled (0: no shuffling)
   max_shuffled: int = 0  # WSO slots per example (3 x the most trigrams), from shuffle_slots()
+  replace_dist: str = "uniform"  # random replacements: uniform over the vocabulary | unigram (corpus counts)
+  smoothing: float = 0.0  # token scheme: choose tokens with probability proportional to count^-smoothing (0: uniform)
+
+  @property
+  def needs_counts(self) -> bool:
+    """Whether mask_batch needs the corpus token counts."""
+    return self.replace_dist == "unigram" or self.smoothing > 0
 
 
 def max_predictions(seq_len: int, mask_prob: float) -> int:
@@ -65,7 +83,13 @@ def make_config(config, special) -> MaskingConfig:
       special_ids=special.never_masked, mask_id=special.mask, vocab_size=config.model.vocab_size,
       scheme=k.scheme, mask_prob=k.mask_prob, max_predictions=config_lib.max_predictions(config),
       mask_token_prob=k.mask_token_prob, random_token_prob=k.random_token_prob, max_ngram=k.max_ngram,
-      span_p=k.span_p, max_span=k.max_span, **_shuffling(config))
+      span_p=k.span_p, max_span=k.max_span, replace_dist=k.get("replace_dist", "uniform"),
+      smoothing=float(k.get("smoothing", 0.0)), **_shuffling(config))
+
+
+def needs_counts(config) -> bool:
+  """Whether the config's masking draws from the corpus token counts (replace_dist unigram, smoothing > 0)."""
+  return config.masking.get("replace_dist", "uniform") == "unigram" or config.masking.get("smoothing", 0.0) > 0
 
 
 def _shuffling(config) -> dict:
@@ -86,6 +110,11 @@ def validate(config):
         "masking.mask_token_prob + masking.random_token_prob must not exceed 1")
   check("wso" not in config_lib.active_objectives(config) or 0 < k.wso_share < 1,
         f"masking.wso_share={k.wso_share} must be in (0, 1) for the wso objective")
+  replace, smoothing = k.get("replace_dist", "uniform"), k.get("smoothing", 0.0)
+  check(replace in REPLACE_DISTS, f"masking.replace_dist={replace!r}; use uniform or unigram")
+  check(smoothing >= 0, f"masking.smoothing={smoothing} must be >= 0 (0: every token equally likely)")
+  check(smoothing == 0 or k.scheme == "token",
+        f"masking.smoothing={smoothing} weighs single tokens (DistilBERT); use --config.masking.scheme=token")
 
 
 def span_length_probs(cfg: MaskingConfig) -> np.ndarray:
@@ -110,9 +139,13 @@ def _budget(candidates, cfg):
   return jnp.minimum(n, count)
 
 
-def _select_tokens(rng, candidates, n, cfg):
-  """Token scheme: n candidates uniformly at random. Returns selected [B, S] and the owner of each."""
-  scores = jnp.where(candidates, jax.random.uniform(rng, candidates.shape), -1.0)
+def _select_tokens(rng, candidates, n, cfg, log_weights=None):
+  """Token scheme: n candidates uniformly at random, or without replacement with probabilities proportional to
+  exp(log_weights) [B, S] (Gumbel top-k). Returns selected [B, S] and the owner of each."""
+  if log_weights is None:
+    scores = jnp.where(candidates, jax.random.uniform(rng, candidates.shape), -1.0)
+  else:
+    scores = jnp.where(candidates, log_weights + jax.random.gumbel(rng, candidates.shape), -jnp.inf)
   rank = jnp.argsort(jnp.argsort(-scores, axis=-1), axis=-1)
   selected = candidates & (rank < n[:, None])
   return selected, jnp.broadcast_to(jnp.arange(candidates.shape[1]), candidates.shape)
@@ -275,7 +308,21 @@ def shuffle_trigrams(rng, input_ids, free, cfg: MaskingConfig):
   return dict(input_ids=shuffled, wso_positions=flat(positions), wso_labels=labels, wso_weights=weights)
 
 
-def mask_batch(rng, input_ids, word_start, cfg: MaskingConfig):
+def _random_ids(rng, input_ids, cfg: MaskingConfig, token_counts):
+  """[B, S] replacement ids: uniform over the vocabulary (a special id drawn leaves the token as it was), or
+  with replace_dist unigram an id with probability proportional to its corpus count (special ids weigh 0),
+  by inverse CDF: a [vocab] cumulative sum and a search per token, never a [B, S, vocab] array."""
+  special = jnp.asarray(cfg.special_ids, input_ids.dtype)
+  if cfg.replace_dist != "unigram":
+    ids = jax.random.randint(rng, input_ids.shape, 0, cfg.vocab_size, input_ids.dtype)
+    return jnp.where(jnp.isin(ids, special), input_ids, ids)
+  weights = jnp.asarray(token_counts, jnp.float32).at[special].set(0.0)
+  cdf = jnp.cumsum(weights)
+  u = jax.random.uniform(rng, input_ids.shape) * cdf[-1]
+  return jnp.minimum(jnp.searchsorted(cdf, u, side="right"), cfg.vocab_size - 1).astype(input_ids.dtype)
+
+
+def mask_batch(rng, input_ids, word_start, cfg: MaskingConfig, token_counts=None):
   """Masks a batch of token ids [B, S].
 
   Args:
@@ -283,6 +330,7 @@ def mask_batch(rng, input_ids, word_start, cfg: MaskingConfig):
     input_ids: int32 [B, S], padding and special tokens included.
     word_start: bool [B, S], True where a token begins a whole word (whole-word/n-gram/span schemes).
     cfg: the scheme, its rates, the ids never masked, [MASK]'s id and the vocabulary size.
+    token_counts: [vocab] corpus counts of each id, when cfg.needs_counts (replace_dist unigram, smoothing).
 
   Returns a dict: `input_ids` (corrupted), `mlm_positions` int32 [B, P], `mlm_labels` int32 [B, P]
   (original ids), `mlm_weights` float32 [B, P] (1 for a real prediction, 0 for padding slots), the slots'
@@ -292,20 +340,25 @@ def mask_batch(rng, input_ids, word_start, cfg: MaskingConfig):
   """
   if cfg.scheme not in SCHEMES:
     raise ValueError(f"unknown masking scheme {cfg.scheme!r}")
+  if cfg.needs_counts and token_counts is None:
+    raise ValueError("masking.replace_dist=unigram and masking.smoothing need the corpus token_counts")
   r_select, r_action, r_random = jax.random.split(rng, 3)
   r_shuffle = jax.random.fold_in(rng, 1)  # its own stream: adding WSO leaves the MLM masks as they were
   candidates = ~jnp.isin(input_ids, jnp.asarray(cfg.special_ids, input_ids.dtype))
   n = _budget(candidates, cfg)
   if cfg.scheme == "token":
-    selected, owner = _select_tokens(r_select, candidates, n, cfg)
+    log_weights = None
+    if cfg.smoothing > 0:  # DistilBERT: p(token) proportional to max(count, 1)^-smoothing
+      counts = jnp.maximum(jnp.asarray(token_counts, jnp.float32), 1.0)
+      log_weights = -cfg.smoothing * jnp.log(counts)[input_ids]
+    selected, owner = _select_tokens(r_select, candidates, n, cfg, log_weights)
   else:
     selected, owner = _select_words(r_select, candidates, word_start, n, cfg)
   # 80/10/10 per token, or per span for SpanBERT (the whole span gets one action).
   u = jax.random.uniform(r_action, input_ids.shape)
   if cfg.scheme == "span":
     u = jnp.take_along_axis(u, owner, axis=1)
-  random_ids = jax.random.randint(r_random, input_ids.shape, 0, cfg.vocab_size, input_ids.dtype)
-  random_ids = jnp.where(jnp.isin(random_ids, jnp.asarray(cfg.special_ids, input_ids.dtype)), input_ids, random_ids)
+  random_ids = _random_ids(r_random, input_ids, cfg, token_counts)
   corrupted = jnp.where(u < cfg.mask_token_prob, cfg.mask_id,
                         jnp.where(u < cfg.mask_token_prob + cfg.random_token_prob, random_ids, input_ids))
   masked_ids = jnp.where(selected, corrupted, input_ids)

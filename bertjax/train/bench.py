@@ -77,7 +77,7 @@ def setup(config, batch_size: int = 0) -> Bench:
     raise UserError(f"batch_size={config.batch_size} is not divisible by the {n_dev} devices "
                     f"(x grad_accum_steps={config.grad_accum_steps}); use a multiple of {multiple}")
   mesh = sharding.make_mesh(config.sharding, overrides=dict(config.mesh))
-  steps = build.make_steps(config, mesh, SPM_SPECIAL)
+  steps = build.make_steps(config, mesh, SPM_SPECIAL, build.placeholder_counts(config))
   batch = jax.device_put(synthetic_batch(config, config.batch_size), steps.batch_sharding)
   fpt = flops.model_train_flops_per_token(steps.model, config.seq_len, steps.cfg.masking.max_predictions,
                                           steps.cfg.masking.max_shuffled)

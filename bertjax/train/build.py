@@ -12,6 +12,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from bertjax import objectives as objectives_lib
@@ -125,14 +126,28 @@ def init_state(rng, model, tx, config) -> step_lib.TrainState:
   return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def step_config(config, special: SpecialIds) -> step_lib.StepConfig:
-  """What the steps need besides model and optimizer: seed, masking (with the tokenizer's special ids),
-  weighted objectives, microbatches, and which steps the loop logs (phase ends and every log_every-th)."""
+def step_config(config, special: SpecialIds, token_counts=None) -> step_lib.StepConfig:
+  """What the steps need besides model and optimizer: seed, masking (with the tokenizer's special ids and, for
+  masking.replace_dist=unigram or masking.smoothing, the corpus `token_counts` [vocab]: data.pipeline.
+  corpus_token_counts), weighted objectives, microbatches, and which steps the loop logs (phase ends and every
+  log_every-th)."""
   if not config.get("teacher") and any(k.startswith("distill_") for k in config_lib.active_objectives(config)):
     raise UserError("the distill_* objectives need a teacher: set --config.teacher to a bertjax workdir or an HF "
                     "checkpoint (python -m bertjax.distill)")
+  masking_cfg = masking.make_config(config, special)
+  if masking_cfg.needs_counts:
+    if token_counts is None:
+      raise ValueError("masking.replace_dist=unigram / masking.smoothing: pass the corpus token counts")
+    counts = np.asarray(token_counts, np.int64)
+    text = np.delete(counts, [i for i in special.never_masked if i < len(counts)])
+    if counts.shape != (config.model.vocab_size,) or text.sum() <= 0:
+      raise UserError(f"the corpus token counts ({counts.shape[0]} ids, {text.sum()} text tokens) cannot weigh a "
+                      f"vocabulary of {config.model.vocab_size}; prepare the data again")
+    token_counts = counts.astype(np.float32)
+  else:
+    token_counts = None
   return step_lib.StepConfig(
-      seed=config.seed, masking=masking.make_config(config, special),
+      seed=config.seed, masking=masking_cfg, token_counts=token_counts,
       objectives=tuple(config_lib.active_objectives(config).items()), grad_accum_steps=config.grad_accum_steps,
       report_every=config.log_every, report_at=tuple(p.end for p in config_lib.phases(config)))
 
@@ -185,10 +200,17 @@ def attention_notice(config, mesh) -> str:
   return notice or f"attention: {impl}"
 
 
-def make_steps(config, mesh, special: SpecialIds) -> Steps:
+def placeholder_counts(config):
+  """Token counts of one per id: what a compile without data (aot, bench) binds for masking.replace_dist=unigram
+  or masking.smoothing (the program is the same whatever the counts)."""
+  return np.ones(config.model.vocab_size, np.int64) if masking.needs_counts(config) else None
+
+
+def make_steps(config, mesh, special: SpecialIds, token_counts=None) -> Steps:
   """Builds model, optimizer and the jitted init/train/eval steps with explicit shardings on `mesh`.
 
-  `special` are the run's tokenizer's special ids (masking never picks them). Parameters are placed by
+  `special` are the run's tokenizer's special ids (masking never picks them); `token_counts` the corpus counts
+  that masking.replace_dist=unigram and masking.smoothing draw from (step_config). Parameters are placed by
   their logical axis names through the config's sharding rules; the state is initialized already sharded
   (jit with out_shardings), never built on one host and copied.
   """
@@ -198,7 +220,7 @@ def make_steps(config, mesh, special: SpecialIds) -> Steps:
   plugin = _plugin(config)
   if plugin:  # distillation: the teacher is frozen, no updates, no optimizer state
     tx = plugin.tx(config, tx)
-  cfg = step_config(config, special)
+  cfg = step_config(config, special, token_counts)
   with nn.logical_axis_rules(rules):
     boxed = jax.eval_shape(functools.partial(init_state, model=model, tx=tx, config=config), jax.random.key(0))
   shardings = sharding.logical_shardings(boxed, mesh, rules)

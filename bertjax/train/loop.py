@@ -23,6 +23,7 @@ from bertjax.core.metrics import finalize, sum_metrics
 from bertjax.data import instances, pipeline
 from bertjax.model import flops
 from bertjax.model.pretrain import Pretrainer
+from bertjax.objectives import masking
 from bertjax.train import build, checkpoint
 from bertjax.train.metrics import MetricWriter
 
@@ -223,6 +224,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
   if os.environ.get("BERTJAX_TRACE_ROWS"):  # debug: log the rows this process reads (tests/test_multihost.py)
     datasets = {k: pipeline.traced(d, os.environ["BERTJAX_TRACE_ROWS"], proc) for k, d in datasets.items()}
   tok = datasets[plan[0].config.seq_len].tokenizer
+  # The corpus unigram counts, for masking.replace_dist=unigram or masking.smoothing (the first phase's data:
+  # every phase reads the same text).
+  counts = pipeline.corpus_token_counts(datasets[plan[0].config.seq_len], config.model.vocab_size) \
+      if masking.needs_counts(config) else None
   if len({d.tokenizer.fingerprint for d in datasets.values()}) > 1:
     raise UserError("the phases' data were made with different tokenizers; prepare them with one "
                     "(python -m bertjax.data.prepare with the phased config writes every seq_len with the same)")
@@ -248,7 +253,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
   ckpt = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
   start = ckpt.latest_step() or 0
   current = config_lib.phase_at(config, start)
-  steps = build.make_steps(current.config, mesh, tok.special)  # the phase's shapes; the state is every phase's
+  steps = build.make_steps(current.config, mesh, tok.special, counts)  # the phase's shapes; the state is every phase's
   if ckpt.latest_step() is not None:
     state = ckpt.restore(steps.abstract_state)
     writer.info(f"resumed from {ckpt.directory} at step {int(state.step)}")
@@ -287,7 +292,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
     for phase in plan[current.index:]:
       pc = phase.config
       if phase is not current:  # new shapes: the steps are rebuilt (and recompiled) for them
-        steps, current = build.make_steps(pc, mesh, tok.special), phase
+        steps, current = build.make_steps(pc, mesh, tok.special, counts), phase
       data = datasets[pc.seq_len]
       tokens_per_step = pc.batch_size * pc.seq_len
       flops_per_token = flops.model_train_flops_per_token(

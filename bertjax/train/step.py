@@ -60,6 +60,9 @@ class StepConfig:
   # `report_at` (phase ends). Only they compute param_norm and update_norm, two passes over the parameters.
   report_every: int = 1
   report_at: tuple = ()
+  # [vocab] corpus token counts for masking.replace_dist=unigram / masking.smoothing (None when unused): bound with
+  # the config, so the compiled step holds them as a constant; left out of hashing and comparison.
+  token_counts: Any = dataclasses.field(default=None, hash=False, compare=False)
 
 
 def reports(done, cfg: StepConfig):
@@ -72,7 +75,7 @@ def reports(done, cfg: StepConfig):
 
 def apply_masking(rng, batch, cfg: StepConfig):
   """The batch with MLM masking applied on device (original ids kept for labels and RTD)."""
-  masked = masking.mask_batch(rng, batch["input_ids"], batch["word_start"], cfg.masking)
+  masked = masking.mask_batch(rng, batch["input_ids"], batch["word_start"], cfg.masking, cfg.token_counts)
   out = dict(batch, original_ids=batch["input_ids"], **masked)
   for key in ("mlm_weights", "span_weights", "wso_weights"):  # padded eval rows weigh 0
     if key in out:
