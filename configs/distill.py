@@ -8,9 +8,10 @@ embeddings and no pooler; its position table is the teacher's and stays frozen. 
 distributions at temperature 2 over every real token (x T^2) + 2.0 x MLM + 1.0 x cosine of the final hidden
 states; MLM masking 15% with 80/10/10, no NSP; AdamW betas (0.9, 0.98), eps 1e-6, no weight decay, lr 5e-4,
 linear warmup over 5% then linear decay to 0, gradient clipping 5.0, batches of 4K sequences up to 512 tokens.
-Remaining differences: DistilBERT batches variable-length sequences grouped by length and masks
-ceil(15% of the batch's tokens) drawn over the whole batch with probability ∝ count^-0.7 (mlm_smoothing);
-bertjax packs fixed 512-token rows and masks 15% of each row, uniformly.
+Tokens are chosen for masking with probability ∝ count^-0.7 (train.py --mlm_smoothing 0.7, the corpus counts
+stored with the shards). Remaining differences: DistilBERT batches variable-length sequences grouped by length
+and draws ceil(15% of the batch's tokens) over the whole batch; bertjax packs fixed 512-token rows and masks 15%
+of each row (docs/recipes.md, "Masking by corpus counts").
 
   python -m bertjax.distill --config=configs/distill.py:distilbert --config.teacher=BERT_BASE_DIR --workdir=W
   python -m bertjax.train --config=configs/bert.py:tiny --workdir=/tmp/bert-tiny            # a tiny teacher
@@ -79,6 +80,9 @@ def get_config(arg: str = "distilbert"):
   if arg == "distilbert":
     c.distill.student_layers = (0, 2, 4, 7, 9, 11)  # scripts/extract_distilbert.py
     c.distill.freeze_position_embeddings = True  # see distill.freeze_position_embeddings above
+    # Masking: 15%, 80/10/10 (train.py --mlm_mask_prop 0.15 --word_mask 0.8 --word_keep 0.1 --word_rand 0.1), a
+    # token chosen with probability ∝ max(count, 1)^-0.7 (--mlm_smoothing 0.7; XLM's rare-word emphasis).
+    c.masking.scheme, c.masking.smoothing = "token", 0.7
   if arg == "tiny":  # configs/bert.py:tiny's recipe and corpus (its teacher's), 1 of its 2 layers
     tiny_on_demo(c)
     c.total_steps = 300  # half the teacher's 600: both runs of distill.compare stay CPU-sized
