@@ -2,7 +2,8 @@
 
 Nothing is allocated: shapes come from `jax.eval_shape`. For ELECTRA the generator and discriminator are
 counted separately (the shared embeddings belong to both), the discriminator with its RTD head as HF's
-ElectraForPreTraining counts it.
+ElectraForPreTraining counts it. A distillation config prints its student's count (`student params`: what
+W/student holds) and, with a teacher set, the frozen teacher's and the projection's apart.
 """
 
 import collections
@@ -92,6 +93,12 @@ def summarize(config) -> str:
     pick = lambda names: {k: v for k, v in params.items() if k in names}
     lines.append(f"generator params: {count(pick(GENERATOR))}")
     lines.append(f"discriminator params: {count(pick(DISCRIMINATOR))}")
+  if "distill" in config:  # the student alone, as W/student holds it (and DistilBertForMaskedLM counts it)
+    lines.append(f"student params: {count(params.get('student', params))}")
+    if "teacher" in params:
+      lines.append(f"teacher params (frozen): {count(params['teacher'])}")
+    if "projection" in params:
+      lines.append(f"projection params (TinyBERT's, trained, not part of the student): {count(params['projection'])}")
   lines.append(f"params: {count(params)}")
   return "\n".join(lines)
 

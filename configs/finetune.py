@@ -106,7 +106,8 @@ def get_config(arg: str = "sst2"):
       head="auto",  # pooler (BERT: tanh pooler, dropout, linear) | electra (dropout, dense, GELU, dropout,
       # linear: ElectraForSequenceClassification) | roberta (dropout, dense, tanh, dropout, linear on <s>:
       # RobertaForSequenceClassification) | modernbert (pool, dense, GELU, LayerNorm, dropout, linear:
-      # ModernBertForSequenceClassification) | auto: the checkpoint family's (electra, roberta, modernbert), else pooler
+      # ModernBertForSequenceClassification) | distilbert (dense, ReLU, dropout, linear:
+      # DistilBertForSequenceClassification) | auto: the checkpoint family's (those four), else pooler
       pooling="cls",  # modernbert head: cls (the first token) | mean (of the real tokens): HF's classifier_pooling
       dtype="float32",  # compute dtype: float32 | bfloat16
       # int8: quantization-aware fine-tuning and int8 evaluation of the encoder's matmuls (qwix: per-channel

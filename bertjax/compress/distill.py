@@ -5,7 +5,8 @@ The run is a pretraining run (`bertjax.train.loop`, same data, masking, schedule
 model is a `Distiller`: the student, plus the frozen teacher inside the same jitted, sharded step. The
 teacher is a bertjax workdir (a training run or an import) or an HF checkpoint directory; it must share the
 student's vocabulary, and an empty `data.tokenizer` takes the teacher's. A fresh student of the teacher's
-width starts from its embeddings, every other layer and its MLM head (DistilBERT). At the end, W/student is
+width starts from its embeddings, the teacher layers distill.student_layers names (default every other one)
+and its MLM head (DistilBERT). At the end, W/student is
 a plain bertjax workdir of the student alone (`python -m bertjax.hf export --workdir=W/student` writes a
 DistilBertForMaskedLM when the student has no segment embeddings); with `distill.compare`, the same student
 is also trained without the teacher (same data, seed and steps) in W/baseline and the two are reported side by
@@ -17,6 +18,7 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -24,7 +26,7 @@ import optax
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
 from bertjax.model import config as model_config
-from bertjax.objectives.distill import LAYER_OBJECTIVES
+from bertjax.objectives.distill import LAYER_OBJECTIVES, PROJECTED_OBJECTIVES
 from bertjax.train import build
 
 TEACHER_PARTS = ("embeddings", "encoder", "mlm")
@@ -63,18 +65,22 @@ def teacher_model(config, platform: str | None = None):
 def make_distiller(config, student, platform: str | None = None):
   """The Distiller of `student` (the config's Pretrainer) and the config's teacher (attention
   implementations for `platform`)."""
-  from bertjax.model.distill import Distiller
+  from bertjax.model.distill import Distiller, starts_from_teacher
 
   teacher = teacher_model(config, platform)
   objectives = config_lib.active_objectives(config)
   layers = bool(set(objectives) & set(LAYER_OBJECTIVES))
   s, t = student.cfg, teacher.cfg
+  narrower = s.hidden_size != t.hidden_size
   if s.vocab_size != t.vocab_size:
     raise UserError(f"model.vocab_size={s.vocab_size} but the teacher's is {t.vocab_size}; the student must share "
                     "the teacher's vocabulary (set --config.model.vocab_size to it)")
-  if "distill_hidden" in objectives and s.hidden_size != t.hidden_size:
-    raise UserError(f"distill_hidden needs the teacher's width ({t.hidden_size}, student {s.hidden_size}); set "
-                    "--config.objectives.distill_hidden=0")
+  if "distill_cos" in objectives and narrower:
+    raise UserError(f"distill_cos compares final hidden states, which needs the teacher's width ({t.hidden_size}, "
+                    f"student {s.hidden_size}); set --config.objectives.distill_cos=0")
+  if "distill_embedding" in objectives and (s.embedding_size != s.hidden_size or t.embedding_size != t.hidden_size):
+    raise UserError("distill_embedding compares embedding outputs of the hidden width; a factorized embedding "
+                    "(model.embedding_size) has another; set --config.objectives.distill_embedding=0")
   if "distill_attention" in objectives and s.num_heads != t.num_heads:
     raise UserError(f"distill_attention needs the teacher's head count ({t.num_heads}, student {s.num_heads}); "
                     "set --config.objectives.distill_attention=0")
@@ -83,12 +89,50 @@ def make_distiller(config, student, platform: str | None = None):
                     "--config.model.attention=xla")
   if layers and s.num_layers > t.num_layers:
     raise UserError(f"the student has more layers ({s.num_layers}) than the teacher ({t.num_layers})")
-  return Distiller(student, teacher, temperature=config.distill.temperature, layer_outputs=layers)
+  chosen = tuple(config.distill.get("student_layers", ()))
+  if chosen and (len(chosen) != s.num_layers or not all(0 <= i < t.num_layers for i in chosen)):
+    raise UserError(f"distill.student_layers={list(chosen)} must name {s.num_layers} teacher layers (one per "
+                    f"student layer) between 0 and {t.num_layers - 1}")
+  if chosen and narrower:
+    raise UserError("distill.student_layers copies teacher layers, which needs the teacher's width "
+                    f"({t.hidden_size}, student {s.hidden_size}); set --config.distill.student_layers='()'")
+  if config.distill.get("freeze_position_embeddings") and not starts_from_teacher(s, t, chosen or None):
+    raise UserError("distill.freeze_position_embeddings keeps the position table copied from the teacher, which this "
+                    "student does not get (another width, or deeper than half the teacher without "
+                    "distill.student_layers); set it to False")
+  return Distiller(student, teacher, temperature=config.distill.temperature, layer_outputs=layers,
+                   all_positions="distill_ce" in objectives,
+                   project=narrower and bool(set(objectives) & set(PROJECTED_OBJECTIVES)))
 
 
-def freeze_teacher(tx) -> optax.GradientTransformation:
-  """`tx` for the student's parameters; none (no update, no state) for the teacher's."""
+def is_frozen(config):
+  """A predicate on a parameter's path (its keys): whether the optimizer leaves that parameter alone, as the
+  teacher and, with distill.freeze_position_embeddings, the student's position table."""
+  freeze_positions = bool(config.distill.get("freeze_position_embeddings"))
+  return lambda keys: keys[0] == "teacher" or (freeze_positions and tuple(keys[:3]) == ("student", "embeddings",
+                                                                                      "position"))
+
+
+def _zero_frozen(config) -> optax.GradientTransformation:
+  """Zeroes the updates of the frozen student parameters (stateless)."""
+  frozen = is_frozen(config)
+  keys = lambda path: [getattr(k, "key", None) for k in path]
+
+  def update(updates, state, params=None):
+    del params
+    return jax.tree_util.tree_map_with_path(lambda p, u: jnp.zeros_like(u) if frozen(keys(p)) else u, updates), state
+
+  return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
+
+
+def freeze_teacher(tx, config) -> optax.GradientTransformation:
+  """`tx` for the student's parameters; none (no update, no state) for the teacher's. With
+  distill.freeze_position_embeddings the student's position table (DistilBERT's requires_grad=False table)
+  gets a zero gradient before `tx` (so it adds nothing to the clipped global norm and Adam's moments stay 0)
+  and a zero update after it (so no weight decay either)."""
   labels = lambda params: {k: "frozen" if k == "teacher" else "train" for k in params}
+  if config.distill.get("freeze_position_embeddings"):
+    tx = optax.chain(_zero_frozen(config), tx, _zero_frozen(config))
   return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
 
 
@@ -112,9 +156,10 @@ def initializer(init, config, param_shardings):
   def run(rng):
     state = init(rng)
     teacher_config, teacher, _ = load_teacher(config.teacher)
+    chosen = tuple(config.distill.get("student_layers", ())) or None
     student_params, copied = student_from_teacher(
         jax.device_get(state.params["student"]), teacher, model_config.encoder_config(config.model),
-        model_config.encoder_config(teacher_config.model))
+        model_config.encoder_config(teacher_config.model), chosen)
     print(f"student initialized from the teacher: {', '.join(copied)}" if copied else
           "student initialized at random (its width differs from the teacher's)", flush=True)
     params = dict(state.params, teacher=teacher, student=student_params)
@@ -184,4 +229,4 @@ def run(config, workdir: str) -> dict:
 # Distillation plugs into the model factory from above: for a config with a teacher, build makes the Distiller
 # (student + frozen teacher), freezes the teacher's parameters and loads them into a fresh state.
 build.register(build.Plugin(applies=lambda config: bool(config.get("teacher")), model=make_distiller,
-                            tx=lambda config, tx: freeze_teacher(tx), init=initializer))
+                            tx=lambda config, tx: freeze_teacher(tx, config), init=initializer))

@@ -35,12 +35,12 @@ def validate(config):
 
 def head_kind(config, loaded) -> str:
   """The head to build: model.head, with auto -> the checkpoint family's own sequence-classification head
-  (ElectraForSequenceClassification's, RobertaForSequenceClassification's, ModernBertForSequenceClassification's),
-  else BERT's pooler."""
+  (ElectraForSequenceClassification's, RobertaForSequenceClassification's, ModernBertForSequenceClassification's,
+  DistilBertForSequenceClassification's for DistilBERT's shape: no segment embeddings), else BERT's pooler."""
   if config.model.head != "auto":
     return config.model.head
   family = hf_configs.family_for(loaded.config)
-  return family if family in ("electra", "roberta", "modernbert") else "pooler"
+  return family if family in ("electra", "roberta", "modernbert", "distilbert") else "pooler"
 
 
 def pretrained_pooler(loaded):

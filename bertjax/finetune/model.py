@@ -1,5 +1,5 @@
-"""The fine-tuning models (bertjax's Embeddings + Encoder and a task head: BERT's or ELECTRA's sentence
-classifier, the per-token tagger, multiple choice), their initialization from pretrained weights, and
+"""The fine-tuning models (bertjax's Embeddings + Encoder and a task head: BERT's, ELECTRA's or DistilBERT's
+sentence classifier, the per-token tagger, multiple choice), their initialization from pretrained weights, and
 ELECTRA's layer-wise learning-rate decay."""
 
 import functools
@@ -17,7 +17,7 @@ from bertjax.core.errors import UserError
 from bertjax.model.encoder import activation, dense, Embeddings, Encoder, EncoderConfig, layer_norm, token_dropout
 
 
-HEADS = ("pooler", "electra", "roberta", "modernbert")
+HEADS = ("pooler", "electra", "roberta", "modernbert", "distilbert")
 POOLINGS = ("cls", "mean")
 
 
@@ -44,6 +44,8 @@ class Classifier(nn.Module):
            linear (its out_proj) on <s>; all fresh, no pooler (RoBERTa's pooler is never used there).
   modernbert  ModernBertForSequenceClassification's: [CLS] or the mean of the real tokens (`pooling`), then
            dense, GELU, LayerNorm (`pooler`, pretrained when the checkpoint has it), dropout, linear.
+  distilbert  DistilBertForSequenceClassification's: dense (`pre_classifier`), ReLU, dropout, linear on [CLS];
+           fresh, no pooler (transformers' seq_classif_dropout is 0.2; here classifier_dropout).
   """
 
   cfg: EncoderConfig
@@ -78,6 +80,8 @@ class Classifier(nn.Module):
     elif self.head in ("electra", "roberta"):  # their dense is "transform", their out_proj "classifier"
       h = dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "transform")(drop(cls))
       pooled = drop(jnp.tanh(h) if self.head == "roberta" else activation(c, h))
+    elif self.head == "distilbert":
+      pooled = drop(nn.relu(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pre_classifier")(cls)))
     else:
       pooled = drop(jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pooler")(cls)))
     return dense(c, c.hidden_size, self.num_outputs, (sh.EMBED, None), "classifier")(pooled).astype(jnp.float32)

@@ -1,11 +1,12 @@
-"""HF config.json <-> bertjax run config, per family (bert, roberta, albert, electra; modernbert in hf.modernbert)."""
+"""HF config.json <-> bertjax run config, per family (bert, roberta, albert, electra, distilbert; modernbert in
+hf.modernbert)."""
 
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
 from bertjax.hf import modernbert
 from bertjax.model import config as model_config
 
-FAMILIES = ("bert", "roberta", "albert", "electra", "modernbert")
+FAMILIES = ("bert", "roberta", "albert", "electra", "modernbert", "distilbert")
 # HF hidden_act -> bertjax model.activation (gelu_pytorch_tanh is the same tanh approximation).
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new"}
 HF_ACTIVATION = {"gelu": "gelu", "gelu_new": "gelu_new"}
@@ -29,6 +30,8 @@ def model_section(hf: dict, family: str) -> dict:
   """bertjax `model` keys of an HF config (one network: for ELECTRA, the one this config.json describes)."""
   if family == "modernbert":
     return modernbert.model_section(hf)
+  if family == "distilbert":
+    return distilbert_model_section(hf)
   act = hf.get("hidden_act", DEFAULT_HF_ACTIVATION.get(family, "gelu"))
   if act not in ACTIVATIONS:
     raise UserError(f"config.json has hidden_act {act!r}; bertjax supports {', '.join(ACTIVATIONS)}")
@@ -54,6 +57,23 @@ def model_section(hf: dict, family: str) -> dict:
                       "per group (inner_group_num 1, as every released ALBERT)")
     m.update(sharing="all", num_hidden_groups=hf.get("num_hidden_groups", 1))
   return m
+
+
+def distilbert_model_section(hf: dict) -> dict:
+  """bertjax `model` keys of a DistilBertConfig: BERT's layer with DistilBERT's names, no segment embeddings,
+  LayerNorm eps 1e-12 (hard-coded in modeling_distilbert.py), learned positions."""
+  if hf.get("sinusoidal_pos_embds", False):
+    raise UserError("config.json has sinusoidal_pos_embds true (a fixed, untrained position table); bertjax's "
+                    "DistilBERT has a learned one: import a checkpoint with sinusoidal_pos_embds false")
+  act = hf.get("activation", "gelu")
+  if act != "gelu":
+    raise UserError(f"config.json has activation {act!r}; bertjax's DistilBERT supports gelu")
+  return dict(
+      vocab_size=hf.get("vocab_size", 30522), hidden_size=hf.get("dim", 768), num_layers=hf.get("n_layers", 6),
+      num_heads=hf.get("n_heads", 12), intermediate_size=hf.get("hidden_dim", 3072), embedding_size=0,
+      max_positions=hf.get("max_position_embeddings", 512), type_vocab_size=0, dropout=hf.get("dropout", 0.1),
+      attention_dropout=hf.get("attention_dropout", 0.1), layer_norm_eps=1e-12,
+      init_std=hf.get("initializer_range", 0.02), activation="gelu", position_offset=0)
 
 
 def from_hf(hf: dict, family: str, heads: set, generator: dict | None = None):

@@ -79,6 +79,11 @@ def _body(family: str, config, prefix: str, scope: str = "encoder", generator: b
   return W.encoder(prefix, enc.num_layers, scope, projection=enc.embedding_size != enc.hidden_size)
 
 
+def distilbert_entries(prefix: str, num_layers: int) -> list:
+  """DistilBERT's embeddings (no segment table) and layers (`transformer.layer.{i}`)."""
+  return [e for e in W.embeddings(prefix) if e.path != "embeddings/type"] + W.distilbert_encoder(prefix, num_layers)
+
+
 def fresh_leaf(path: str, shape, std: float, seed: int) -> np.ndarray:
   """A new value for the parameter at `path`, as bertjax's initializers make it (LayerNorm scale 1, biases
   0, the rest truncated normal), without compiling the model's init; seeded by (seed, path)."""
@@ -145,6 +150,8 @@ def read_hf(hf_dir: str, generator_dir: str = "", seed: int = 0) -> Imported:
     _albert_identity(tensors, prefix, enc.hidden_size)
   if family == "modernbert":
     entries = MB.body(prefix, enc.num_layers, enc.use_bias) + (MB.mlm_head(enc.use_bias) if "mlm" in heads else [])
+  elif family == "distilbert":  # no segment embeddings; layers under transformer.layer.{i}
+    entries = distilbert_entries(prefix, enc.num_layers)
   else:
     entries = W.embeddings(prefix) + [e for e in _body(family, config, prefix)
                                       if not (e.path.startswith("encoder/embedding_projection")
@@ -246,9 +253,8 @@ def encoder_tensors(config, params, family: str, special: SpecialIds, generator:
   scope = "generator_encoder" if generator else "encoder"
   if family == "modernbert":  # fused q/k/v, per-layer norms shifted by one (bertjax.hf.modernbert)
     return MB.join_qkv(W.export_tensors(MB.body(prefix, enc.num_layers, enc.use_bias), params))
-  if family == "distilbert":  # no segment embeddings; layers under transformer.layer.{i}
-    entries = [e for e in W.embeddings(prefix) if e.path != "embeddings/type"] + W.distilbert_encoder(
-        prefix, enc.num_layers)
+  if family == "distilbert":
+    entries = distilbert_entries(prefix, enc.num_layers)
   else:
     entries = W.embeddings(prefix) + _body(family, config, prefix, scope, generator)
   if family == "albert" and enc.embedding_size == enc.hidden_size:

@@ -1,4 +1,4 @@
-"""Name maps between HF transformers' BERT/RoBERTa/ALBERT/ELECTRA weights and bertjax's parameter tree.
+"""Name maps between HF transformers' BERT/RoBERTa/ALBERT/ELECTRA/DistilBERT weights and bertjax's parameter tree.
 
 A map is a list of `Entry(path, hf_names, kind)`: one bertjax leaf ("encoder/layers/attention/query/kernel")
 and the HF tensor(s) it is made of. Per-layer HF tensors are stacked on the leading axis that bertjax's
@@ -25,7 +25,7 @@ LAYER = (
     ("ffn/output", "output.dense", "ffn_output"),
     ("ffn/ln", "output.LayerNorm", "full_layer_layer_norm"),
 )
-# DistilBERT's layer (export only): bertjax path inside a layer -> HF name inside `transformer.layer.{i}`.
+# DistilBERT's layer: bertjax path inside a layer -> HF name inside `transformer.layer.{i}`.
 DISTILBERT_LAYER = (
     ("attention/query", "attention.q_lin"), ("attention/key", "attention.k_lin"),
     ("attention/value", "attention.v_lin"), ("attention/output", "attention.out_lin"),

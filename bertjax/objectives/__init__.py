@@ -20,7 +20,9 @@ REGISTRY = {
     "sso": sentence.sso,
     # Against a frozen teacher (configs/distill.py; the model is then a bertjax.model.distill.Distiller).
     "distill_ce": distill.ce,
+    "distill_ce_masked": distill.ce_masked,
     "distill_cos": distill.cos,
+    "distill_embedding": distill.embedding,
     "distill_hidden": distill.hidden,
     "distill_attention": distill.attention,
 }
