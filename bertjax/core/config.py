@@ -352,5 +352,9 @@ def tiny_on_demo(c: ml_collections.ConfigDict, vocab_size: int = 2000) -> ml_col
   c.batch_size, c.seq_len = 32, 128
   c.total_steps, c.learning_rate = 600, 2e-3
   c.warmup_steps, c.warmup_fraction = -1, 0.1  # 60 steps of 600; a shorter run keeps the shape
+  # Adam's bias correction on, whatever the family's published rule: at 2e-3 without it the first updates are
+  # about 3x larger (sqrt(1 - b2) against 1 - b1) and a 600-step tiny BERT stalls (eval MLM accuracy 0.041 at
+  # step 300, against 0.088 with it). The published sizes keep their reference's rule (docs/recipes.md).
+  c.optimizer.bias_correction = True
   c.log_every, c.eval_every, c.checkpoint_every = 50, 200, 200
   return c
