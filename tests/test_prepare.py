@@ -347,6 +347,7 @@ def test_shards_do_not_depend_on_the_number_of_workers(corpus, tmp_path, monkeyp
     assert files[0].read_bytes() == files[1].read_bytes()
 
 
+@pytest.mark.slow  # 24 s cold: a training run; the shards themselves are checked in the normal tier
 def test_roberta_trains_from_packed_shards(corpus, tmp_path):
   config = _config("configs/roberta.py:tiny", corpus, **{"data.format": "packed"})
   prepare_lib.prepare(config, str(tmp_path / "shards"), workers=0, progress=None)

@@ -214,6 +214,7 @@ def _tiny_checkpoint(tmp_path, vocab):
   return tiny_hf_checkpoint(tmp_path, vocab)
 
 
+@pytest.mark.slow  # 35 s cold; the tagging step parity (test_tagging_parity) stays in the normal tier
 def test_tiny_model_learns_generated_ner_and_scores_every_word(tmp_path, capsys):
   from bertjax.finetune import task_models, train
 
