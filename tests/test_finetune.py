@@ -120,19 +120,26 @@ def _pair_task(directory, n_train=3000, n_eval=300):
   return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(words)
 
 
-@pytest.mark.slow  # > 15 s cold: the normal tier stays under 8 minutes (README)
-def test_tiny_model_learns_a_generated_pair_task(tmp_path, capsys):
+def pair_task_and_checkpoint(tmp_path):
+  """(task dir, HF checkpoint dir): the generated pair task and a randomly initialized tiny BERT over its
+  WordPiece vocabulary, written as an HF checkpoint (fine-tuning reads it through the importer)."""
   from bertjax.data.tokenizer_spec import load_tokenizer
-  from bertjax.finetune import train
 
   task_dir, ckpt = tmp_path / "task", str(tmp_path / "hf")
   task_dir.mkdir()
   vocab = _pair_task(str(task_dir))
   (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-  # A randomly initialized tiny BERT, written as an HF checkpoint: fine-tuning reads it through the importer.
   pre = micro("configs/bert.py:tiny")
   pre.model.vocab_size = len(vocab)
   convert.write_hf(pre, convert.init_params(pre, seed=0), ckpt, load_tokenizer(f"wordpiece:{tmp_path / 'vocab.txt'}"))
+  return task_dir, ckpt
+
+
+@pytest.mark.slow  # > 15 s cold: the normal tier stays under 8 minutes (README)
+def test_tiny_model_learns_a_generated_pair_task(tmp_path, capsys):
+  from bertjax.finetune import train
+
+  task_dir, ckpt = pair_task_and_checkpoint(tmp_path)
 
   config = load_config("configs/finetune.py:tiny")
   config.task.name, config.task.text_a, config.task.text_b = "pairs", "sentence1", "sentence2"

@@ -229,19 +229,11 @@ def test_finetune_pack_train_learns_the_pair_task_with_more_real_tokens_per_posi
   import json
   import os
 
-  from bertjax.data.tokenizer_spec import load_tokenizer
   from bertjax.finetune import train
-  from bertjax.hf import convert
   from conftest import load_config
-  from test_finetune import _pair_task
+  from test_finetune import pair_task_and_checkpoint
 
-  task_dir, ckpt = tmp_path / "task", str(tmp_path / "hf")
-  task_dir.mkdir()
-  vocab = _pair_task(str(task_dir))
-  (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-  pre = micro("configs/bert.py:tiny")
-  pre.model.vocab_size = len(vocab)
-  convert.write_hf(pre, convert.init_params(pre, seed=0), ckpt, load_tokenizer(f"wordpiece:{tmp_path / 'vocab.txt'}"))
+  task_dir, ckpt = pair_task_and_checkpoint(tmp_path)
   shares = {}
   for pack in (False, True):
     config = load_config("configs/finetune.py:tiny")
