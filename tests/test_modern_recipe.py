@@ -206,7 +206,9 @@ def test_modernbert_tiny_trains_on_packed_rows_and_its_eval_mlm_loss_falls(tmp_p
   evals = [r["eval/mlm_loss"] for r in records if "eval/mlm_loss" in r]
   train = [r for r in records if "train/loss" in r]
   assert len(evals) == 3 and evals[-1] < evals[0] < math.log(config.model.vocab_size) - 0.5, evals
-  assert all(r["packing_efficiency"] > 0.9 for r in train), [r["packing_efficiency"] for r in train]
+  # Blocks end on sentence boundaries (data.instances.single_instances, no text dropped): at micro's 64 positions
+  # a row holds one to three of them: about 0.84 real tokens (the tiny preset at 128: 0.867).
+  assert all(r["packing_efficiency"] > 0.8 for r in train), [r["packing_efficiency"] for r in train]
   out = capsys.readouterr().out
   assert "packing efficiency" in out and "packed instances" in out
 
