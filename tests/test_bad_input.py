@@ -26,6 +26,7 @@ def _corpus(path, n_docs=60, extra=b""):
   return path
 
 
+@pytest.mark.slow  # 11-19 s cold: the normal tier keeps under 8 minutes on 2 cores
 def test_invalid_utf8_lines_are_skipped_and_counted(tmp_path):
   corpus = _corpus(tmp_path / "c.txt", extra=b"\nbad \xff\xfe bytes here.\nanother \xc3\x28 one.\n")
   proc = train_cli(tmp_path / "w", f"--config.data.source=text:{corpus}", "--config.model.vocab_size=500", *SHORT)
@@ -112,6 +113,7 @@ def test_every_cli_parses_its_flags_into_one_line_errors(module):
   _one_line_error(proc, "no_such_flag")
 
 
+@pytest.mark.slow  # 11-19 s cold: the normal tier keeps under 8 minutes on 2 cores
 def test_without_workdir_a_run_gets_a_fresh_one(tmp_path, monkeypatch):
   """No --workdir: a fresh directory under the temp dir, printed; never an earlier run's."""
   proc = train_cli("", "--config.total_steps=1", "--config.log_every=1", "--config.eval_every=1",

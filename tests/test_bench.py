@@ -21,6 +21,7 @@ MICRO_FLAGS = ["--config.model.hidden_size=64", "--config.model.num_heads=2", "-
                "--config.seq_len=64"]
 
 
+@pytest.mark.slow  # 11-19 s cold: the normal tier keeps under 8 minutes on 2 cores
 def test_bench_cli_prints_one_json_object():
   cmd = [sys.executable, "-m", "bertjax.train.bench", "--config=configs/bert.py:tiny", *MICRO_FLAGS,
          "--batch_size=4", "--steps=3", "--warmup=1"]

@@ -136,6 +136,7 @@ def test_nonfinite_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
   assert len(set(norms)) == 1
 
 
+@pytest.mark.slow  # 11-19 s cold: the normal tier keeps under 8 minutes on 2 cores
 def test_manifest_names_versions_tokenizer_mesh_and_networks(tmp_path):
   c = micro("configs/electra.py:tiny", total_steps=2, checkpoint_every=2, log_every=2, eval_every=2)
   loop.train_and_evaluate(c, str(tmp_path))
@@ -174,6 +175,7 @@ def test_a_run_saved_before_a_config_key_existed_still_resumes(tmp_path):
     loop.check_workdir(c, str(tmp_path))
 
 
+@pytest.mark.slow  # 11-19 s cold: the normal tier keeps under 8 minutes on 2 cores
 def test_init_from_loads_weights_only(tmp_path):
   c = micro(total_steps=3, checkpoint_every=3, log_every=3, eval_every=3)
   loop.train_and_evaluate(c, str(tmp_path / "source"))

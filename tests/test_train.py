@@ -57,7 +57,7 @@ def test_tiny_models_train_and_log(spec, eval_keys, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("spec,falling,chance", [
-    ("configs/spanbert.py:tiny", ("mlm", "sbo"), ()),
+    pytest.param("configs/spanbert.py:tiny", ("mlm", "sbo"), (), marks=pytest.mark.slow),  # 18 s cold
     # SSO is a 3-way sentence classifier: 30 steps leave it at chance (ln 3), which is checked as such.
     pytest.param("configs/structbert.py:tiny", ("mlm", "wso"), ("sso",), marks=pytest.mark.slow),  # 31 s cold
 ])
