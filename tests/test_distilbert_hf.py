@@ -96,23 +96,24 @@ def test_distilbert_configs_bertjax_cannot_run_are_one_line_errors():
 def test_distilbert_for_sequence_classification_in_and_out_with_transformers_logits(tmp_path):
   """Its pre_classifier + ReLU + classifier head on [CLS] is bertjax's `distilbert` Classifier head: imported,
   the logits are transformers' (padding included); exported, transformers reads back the same model."""
-  from bertjax.finetune import classifier_io
+  from bertjax.finetune import task_models
 
   theirs = _save(transformers.DistilBertForSequenceClassification, tmp_path / "hf", num_labels=3)
-  run_config, model, params, _ = classifier_io.read_hf(str(tmp_path / "hf"))
+  imported = task_models.read_hf(str(tmp_path / "hf"))
+  model, params = imported.model, imported.params
   assert model.head == "distilbert" and model.num_outputs == 3 and model.classifier_dropout == 0.2
   ids, mask = IDS.astype(np.int32), MASK.astype(np.int32)
   ours = np.asarray(model.apply({"params": params}, ids, np.zeros_like(ids), mask))
   with torch.no_grad():
     expected = theirs(input_ids=torch.tensor(IDS), attention_mask=torch.tensor(MASK)).logits.numpy()
   np.testing.assert_allclose(ours, expected, atol=1e-4)
-  classifier_io.write_hf(run_config, model, params, str(tmp_path / "again"))
+  task_models.write_hf(imported, str(tmp_path / "again"))
   again = transformers.DistilBertForSequenceClassification.from_pretrained(str(tmp_path / "again")).eval()
   with torch.no_grad():
     back = again(input_ids=torch.tensor(IDS), attention_mask=torch.tensor(MASK)).logits.numpy()
   np.testing.assert_allclose(back, expected, atol=1e-5)
-  with pytest.raises(UserError, match="DistilBertForSequenceClassification sentence classifiers"):
-    classifier_io.read_hf(_plain_bert_dir(tmp_path))
+  with pytest.raises(UserError, match="architectures"):
+    task_models.read_hf(_plain_bert_dir(tmp_path))
 
 
 def _plain_bert_dir(tmp_path) -> str:
@@ -127,7 +128,7 @@ def test_fine_tuning_starts_from_an_imported_distilbert_and_exports_to_transform
   """A transformers DistilBertForMaskedLM directory (with its WordPiece vocabulary) fine-tunes on a task it can
   learn with DistilBERT's head (auto), and the saved classifier exports to DistilBertForSequenceClassification,
   which scores the dev rows as bertjax did."""
-  from bertjax.finetune import classifier_io, model as ft_model, train
+  from bertjax.finetune import model as ft_model, task_models, train
   from conftest import load_config
 
   words = "good bad film plot actor scene music story the a was is very".split()
@@ -159,7 +160,7 @@ def test_fine_tuning_starts_from_an_imported_distilbert_and_exports_to_transform
   assert model.head == "distilbert" and "pre_classifier" in params
   evals = train.prepare(config)["eval"]
   ours = train.predict(params, evals, model, 64)
-  classifier_io.write_hf(run_config, model, params, str(tmp_path / "out"))
+  task_models.write_hf(task_models.load(str(tmp_path / "ft" / "seed_0" / ft_model.MODEL_DIR)), str(tmp_path / "out"))
   exported = transformers.DistilBertForSequenceClassification.from_pretrained(str(tmp_path / "out")).eval()
   with torch.no_grad():
     theirs = exported(input_ids=torch.tensor(evals["input_ids"], dtype=torch.long),

@@ -32,10 +32,11 @@ TOKEN_CLASSES = {"bert": "BertForTokenClassification", "roberta": "RobertaForTok
 CHOICE_CLASSES = {"bert": "BertForMultipleChoice"}
 SEQUENCE_CLASSES = {"bert": "BertForSequenceClassification", "roberta": "RobertaForSequenceClassification",
                     "albert": "AlbertForSequenceClassification", "electra": "ElectraForSequenceClassification",
-                    "modernbert": "ModernBertForSequenceClassification"}
+                    "modernbert": "ModernBertForSequenceClassification",
+                    "distilbert": "DistilBertForSequenceClassification"}
 # The Classifier head each family's *ForSequenceClassification has (finetune.model.Classifier.head).
 SEQUENCE_HEADS = {"bert": "pooler", "albert": "pooler", "roberta": "roberta", "electra": "electra",
-                  "modernbert": "modernbert"}
+                  "modernbert": "modernbert", "distilbert": "distilbert"}
 
 
 @dataclasses.dataclass
@@ -157,6 +158,8 @@ def _sequence_head_entries(head: str, family: str, use_bias: bool = True) -> lis
   ModernBERT's head.dense, head.norm (bertjax's pooler) and classifier."""
   if head == "modernbert":
     return MB.classifier_head(use_bias)
+  if head == "distilbert":  # pre_classifier (dim -> dim), then ReLU and the classifier, unprefixed
+    return W.entries_of("pre_classifier", "pre_classifier") + W.entries_of("classifier", "classifier")
   if head == "pooler":
     pooler = W.PREFIX[family] + ("pooler" if family == "albert" else "pooler.dense")
     return W.entries_of("pooler", pooler) + W.entries_of("classifier", "classifier")
@@ -174,7 +177,8 @@ def _read_sequence_classifier(hf_dir: str, hf: dict, imported, tensors: dict) ->
     raise UserError(f"{hf_dir} lacks the sequence-classification head's {out}")
   n, hidden = int(tensors[out].shape[0]), imported.config.model.hidden_size
   square = {"kernel": np.zeros((hidden, hidden)), "bias": np.zeros(hidden)}
-  target = {"pooler": square, "transform": square, "classifier": {"kernel": np.zeros((hidden, n)), "bias": np.zeros(n)}}
+  target = {"pooler": square, "transform": square, "pre_classifier": square,
+            "classifier": {"kernel": np.zeros((hidden, n)), "bias": np.zeros(n)}}
   entries = _sequence_head_entries(head, family)
   if head == "modernbert":  # its head.dense and head.norm come with the encoder (imported.pooler)
     entries, target = W.entries_of("classifier", "classifier"), {"classifier": target["classifier"]}
@@ -190,6 +194,8 @@ def _read_sequence_classifier(hf_dir: str, hf: dict, imported, tensors: dict) ->
     params["pooler"] = imported.pooler
     dropout = hf.get("classifier_dropout", 0.0)  # 0.0 by default, which `or` would skip
     info["pooling"] = hf.get("classifier_pooling", "cls")
+  if head == "distilbert":
+    dropout = hf.get("seq_classif_dropout", 0.2)
   id2label = hf.get("id2label") or {}
   info.update(head=head, num_outputs=n, classifier_dropout=float(dropout), family=family,
               labels=[id2label.get(str(i), f"LABEL_{i}") for i in range(n)] if n > 1 else [])
@@ -262,6 +268,8 @@ def write_hf(task_model: TaskModel, out_dir: str, special=None) -> str:
   hf["classifier_dropout"] = task_model.info.get("classifier_dropout", 0.1)
   if kind == "classification" and family == "modernbert":
     hf["classifier_pooling"] = task_model.info.get("pooling", "cls")
+  if kind == "classification" and family == "distilbert":
+    hf["seq_classif_dropout"] = hf["classifier_dropout"]
   if family == "albert":
     hf["classifier_dropout_prob"] = hf["classifier_dropout"]
   params = jax.tree.map(np.asarray, task_model.params)
