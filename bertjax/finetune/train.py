@@ -115,12 +115,17 @@ def make_tx(config, params, cfg, total: int, warmup: int) -> optax.GradientTrans
   return tx
 
 
+def packed_inputs(batch) -> dict:
+  """The model's extra inputs for packed rows (--config.pack_train: batches.packed), else nothing."""
+  return {k: batch[k] for k in ("position_ids", "cls_positions") if k in batch}
+
+
 def batch_loss(params, batch, rng, model, task_loss, head_gates=None):
   """The batch's mean task loss: the task's per-example losses weighted by example_weight (padding rows
   weigh 0). `task_loss(outputs, batch)` returns per-example losses [B], or (numerator [B], denominator [B])
   for a loss averaged over units other than examples (e.g. tokens). `rng` None for a deterministic model,
   `head_gates` [layers, heads] for bertjax.compress.prune's importance."""
-  packed = {k: batch[k] for k in ("position_ids", "cls_positions") if k in batch}  # packed rows (pack_train)
+  packed = packed_inputs(batch)
   out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"],
                     *(() if head_gates is None else (head_gates,)), rngs={"dropout": rng} if rng is not None else {},
                     **packed)
@@ -130,7 +135,7 @@ def batch_loss(params, batch, rng, model, task_loss, head_gates=None):
 def stateful_loss(params, state, batch, rng, model, task_loss):
   """(batch_loss, the updated `state`): for a model whose forward pass updates non-trainable collections
   (`state`, e.g. q8bert's activation ranges), applied with them mutable."""
-  packed = {k: batch[k] for k in ("position_ids", "cls_positions") if k in batch}  # packed rows (pack_train)
+  packed = packed_inputs(batch)
   out, state = model.apply({"params": params, **state}, batch["input_ids"], batch["type_ids"], batch["groups"],
                            rngs={"dropout": rng} if rng is not None else {}, mutable=list(state), **packed)
   return _mean_loss(task_loss(out, batch), batch), state
