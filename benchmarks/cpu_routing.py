@@ -8,9 +8,9 @@ Eigen for what YNNPACK rejects) with the spread of the per-round ratios, its com
 gradient norm of its first step (numerics: every setting starts from the same state and batch), and the
 dot census of its compiled step (`bertjax.train.census`: dots and FLOPs per library). Then one JSON line.
 
-Settings (SETTINGS below): `xla` (BERTJAX_CPU_FLAGS=off, nothing else: the routing before issue #35),
-`default` (what `runtime.setup()` now sets on the CPU: `runtime.CPU_XLA_FLAGS`), and each lever of issue #35
-alone and combined. Workloads: the pretraining train step of BERT tiny (batch 32 x 128) and base (8 x 128),
+Settings (SETTINGS below): `xla` (XLA's own routing and a rolled layer scan: the step before issue #35),
+`default` (bertjax's CPU defaults now: `runtime.CPU_XLA_FLAGS` and every layer unrolled), `unrolled` (only the
+unrolled layers, flags and dense_grad as `xla`), and each lever of issue #35 alone and combined. Workloads: the pretraining train step of BERT tiny (batch 32 x 128) and base (8 x 128),
 float32, and a BERT-base sentence-classification fine-tuning step (32 x 128).
 
   python benchmarks/cpu_routing.py                                   # every workload, the main settings
@@ -30,13 +30,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bertjax.core import config as config_lib, runtime  # noqa: E402
+from bertjax.model import encoder  # noqa: E402
 from bertjax.train import bench  # noqa: E402
 
 _ONEDNN = "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type="
 _YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="
 # name -> (XLA_FLAGS, model overrides). `default` is filled in from runtime.CPU_XLA_FLAGS.
+# ROLLED: the encoder's own choice of how many layers a scan iteration runs (all up to 4, else 1), which was the CPU's
+# too before issue #35 made the CPU unroll every layer (bertjax.model.config.scan_unroll).
+ROLLED = "rolled"
 SETTINGS = {
-    "xla": ("", {"model.dense_grad": "xla"}),  # XLA's own routing, whatever bertjax's defaults become
+    # The step before issue #35: XLA's own routing and a rolled layer scan, whatever bertjax's defaults become.
+    "xla": ("", {"model.dense_grad": "xla", "model.scan_unroll": ROLLED}),
+    "unrolled": ("", {"model.dense_grad": "xla", "model.scan_unroll": 0}),  # only the CPU's unrolled layers
     "onednn": (f"{_ONEDNN}dot {_YNN_OFF}", {}),
     "onednn_eltwise": (f"{_ONEDNN}dot,eltwise {_YNN_OFF}", {}),
     "onednn_ynn": (f"{_ONEDNN}dot", {}),
@@ -46,7 +52,7 @@ SETTINGS = {
     "vw512": ("--xla_cpu_prefer_vector_width=512", {}),
     "onednn_vw512": (f"{_ONEDNN}dot {_YNN_OFF} --xla_cpu_prefer_vector_width=512", {}),
 }
-MAIN_SETTINGS = ["xla", "default", "onednn", "onednn_eltwise", "ynn_eltwise", "ynn_dgrad", "vw512"]
+MAIN_SETTINGS = ["xla", "default", "unrolled", "onednn", "onednn_eltwise", "ynn_eltwise", "ynn_dgrad", "vw512"]
 WORKLOADS = {"tiny": ("pretrain", "tiny", 32), "base": ("pretrain", "base", 8), "finetune": ("finetune", "base", 32),
              "finetune_tiny": ("finetune", "tiny", 32)}
 
@@ -61,8 +67,15 @@ def pretrain_config(variant: str, batch: int, seq_len: int, overrides: dict):
   """configs/bert.py's variant at one shape, float32 (the CPU's dtype), with the setting's model overrides."""
   config = config_lib.load(os.path.join(REPO, f"configs/bert.py:{variant}"))
   config.batch_size, config.seq_len, config.phases, config.model.dtype = batch, seq_len, (), "float32"
+  return with_overrides(config, overrides)
+
+
+def with_overrides(config, overrides: dict):
+  """`config` with a setting's model overrides ("section.key": value) set."""
   for key, value in overrides.items():
     section, leaf = key.split(".")
+    if value == ROLLED:  # what the encoder picks when the platform does not (model.config.scan_unroll)
+      value = config.model.num_layers if config.model.num_layers <= encoder.UNROLL_MAX_LAYERS else 1
     config[section][leaf] = value
   return config
 

@@ -67,7 +67,7 @@ SHAPES = {"cpu": {"tiny": (32, 128), "base": (8, 128), "large": (4, 128)},
 DEFAULT_VARIANTS = {"cpu": ["tiny", "base"], "gpu": ["large", "base"]}
 # bertjax's CPU routing settings timed by default (cpu_routing.SETTINGS; each a process holding a model):
 # bertjax's default, XLA's own routing before it, and the other levers of issue #35.
-DEFAULT_SETTINGS = ["default", "xla", "ynn_dgrad", "ynn_eltwise", "onednn_eltwise"]
+DEFAULT_SETTINGS = ["default", "xla", "unrolled", "ynn_dgrad", "ynn_eltwise"]
 
 
 
@@ -291,11 +291,7 @@ class InProcessSide:
 
 def step_job(variant: str, batch_size: int, seq_len: int, device: str, overrides: dict) -> bench.Job:
   """What a bertjax StepProcess builds: the variant's train step at the benchmark's shape (`bert_config`)."""
-  config = bert_config(variant, batch_size, seq_len, device)
-  for key, value in overrides.items():
-    section, leaf = key.split(".")
-    config[section][leaf] = value
-  return bench.pretrain_job(config)
+  return bench.pretrain_job(cpu_routing.with_overrides(bert_config(variant, batch_size, seq_len, device), overrides))
 
 
 def jax_sides(config, variant: str, device: str, names: list) -> dict:

@@ -95,6 +95,27 @@ def test_shared_layers_are_the_same_function():
   np.testing.assert_allclose(np.asarray(out4), np.asarray(x), atol=1e-5)
 
 
+def test_unrolled_layers_train_as_the_rolled_scan():
+  """How many layers a scan iteration runs (the CPU unrolls them all: model.config.scan_unroll) changes
+  neither the parameters, the dropout masks, the loss nor its gradients."""
+  from bertjax.model import config as model_config
+
+  assert model_config.scan_unroll(0, 12, "cpu") == 12 and model_config.scan_unroll(0, 12, "tpu") == 0
+  assert model_config.scan_unroll(3, 12, "cpu") == 3
+  x = jax.random.normal(jax.random.key(0), (2, 8, 16))
+
+  def loss_and_grads(unroll):
+    enc = Encoder(EncoderConfig(**{**_encoder("none", layers=5).__dict__, "scan_unroll": unroll}), deterministic=False)
+    params = enc.init(jax.random.key(0), x, jnp.ones((2, 8), jnp.int32))["params"]
+    loss = lambda p: (enc.apply({"params": p}, x, jnp.ones((2, 8), jnp.int32), rngs={"dropout": jax.random.key(1)})
+                      ** 2).mean()
+    return jax.value_and_grad(loss)(params)
+
+  (rolled, g1), (unrolled, g5) = loss_and_grads(1), loss_and_grads(5)
+  np.testing.assert_allclose(float(rolled), float(unrolled), rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6), g1, g5)
+
+
 def test_padding_does_not_change_real_tokens():
   cfg = _encoder("none")
   ids = jnp.array([[5, 6, 7, 8, 0, 0, 0, 0]], jnp.int32)

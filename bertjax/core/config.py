@@ -92,7 +92,7 @@ def defaults() -> ml_collections.ConfigDict:
       sample_temperature=1.0,  # ELECTRA: generator sampling temperature
       dtype="float32",  # compute dtype: float32 | bfloat16 (params stay float32)
       remat="none",  # none | full | dots | dots_no_batch
-      scan_unroll=0,  # layers per scan iteration (0: automatic); aot's cost estimate unrolls shallow copies
+      scan_unroll=0,  # layers per scan iteration (0: automatic: all on CPU, else up to 4); aot's estimate unrolls copies
       activation="gelu",  # gelu (exact) | gelu_new (tanh approximation; some HF checkpoints)
       position_offset=0,  # first position id (RoBERTa checkpoints: 2)
       # auto | xla | dot_product | cudnn | splash (bertjax.model.attention). auto: cuDNN flash attention on

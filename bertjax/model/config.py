@@ -22,7 +22,7 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       type_vocab_size=m.type_vocab_size, dropout=m.dropout, attention_dropout=m.attention_dropout,
       layer_norm_eps=m.layer_norm_eps, init_std=m.init_std, sharing=m.sharing,
       num_groups=m.num_hidden_groups if m.sharing != "none" else 1, dtype=DTYPES[m.dtype], remat=m.remat,
-      scan_unroll=m.scan_unroll,
+      scan_unroll=scan_unroll(m.scan_unroll, m.num_layers, platform or jax.default_backend()),
       activation=m.activation, position_offset=m.position_offset, attention=impl, head_size=m.head_size,
       position=m.position, rope_theta=m.rope_theta, local_rope_theta=m.local_rope_theta, ffn=m.ffn, norm=m.norm,
       use_bias=m.use_bias, local_layers=local_layers(m), local_window=m.local_window, init=m.init,
@@ -41,6 +41,14 @@ def local_layers(m) -> tuple:
   if m.layer_types:
     return tuple(t.strip() == "local" for t in m.layer_types.split(","))
   return tuple(i % m.global_every != 0 for i in range(m.num_layers))
+
+
+def scan_unroll(value: int, num_layers: int, platform: str) -> int:
+  """model.scan_unroll resolved on a platform: 0 (automatic) runs every layer unrolled on the CPU, where a
+  rolled loop's saved activations are copied into [layers, ...] buffers and back (BERT-base's step 1.22x
+  faster unrolled, docs/cpu.md), and leaves the choice to the encoder elsewhere (up to
+  encoder.UNROLL_MAX_LAYERS layers unrolled, else rolled: compile time flat in depth)."""
+  return num_layers if value == 0 and platform == "cpu" else value
 
 
 def dense_grad(value: str, platform: str) -> str:
