@@ -7,7 +7,8 @@
 Three runs per task and seed, each one epoch (--epochs) over the same training subset (drawn once with seed
 0 and written as TSVs, as benchmarks/finetune_parity.py does), dev sets whole or --*_dev subsets:
   fixed    bertjax, every batch padded to seq_len (bucket_lengths=none)
-  buckets  bertjax, each batch cut to its length bucket (bucket_lengths=auto: 32, 64, 96, 128)
+  buckets  bertjax, each batch cut to its length bucket (bucket_lengths=auto: 4 buckets fitted to the training
+           lengths, multiples of 8, and 128 for longer rows)
   torch    BertForSequenceClassification in a plain loop fed as transformers' Trainer feeds it with
            group_by_length: LengthGroupedSampler and DataCollatorWithPadding (each batch padded to its longest row)
 fixed and buckets run the same batches (rows grouped by length in both, length_window 50, which changes
@@ -48,7 +49,8 @@ def bertjax_runs(args, task: str, data_dir: str, buckets: str, work: str) -> dic
   epochs = float(args.epochs)
   return dict(accuracy=[s["accuracy"] for s in out["per_seed"]],
               epoch_seconds=[t["train_seconds"] / epochs for t in out["timing"]],
-              real_share=statistics.mean(t["real_token_share"] for t in out["timing"]))
+              real_share=statistics.mean(t["real_token_share"] for t in out["timing"]),
+              buckets=out["timing"][0]["buckets"])
 
 
 def torch_run(args, task: str, data_dir: str, seed: int) -> dict:
@@ -135,7 +137,8 @@ def main():
   p.add_argument("--rte_train", type=int, default=256, help="RTE training examples (0: all 2,490)")
   p.add_argument("--sst2_dev", type=int, default=0, help="SST-2 dev examples (0: all 872)")
   p.add_argument("--rte_dev", type=int, default=0, help="RTE dev examples (0: all 277)")
-  p.add_argument("--bucket_lengths", default="auto", help="the buckets run's config.bucket_lengths (auto: 32, 64, ...)")
+  p.add_argument("--bucket_lengths", default="auto",
+                 help="the buckets run's config.bucket_lengths (auto: seq_len/32 buckets fitted to the training lengths)")
   p.add_argument("--epochs", type=int, default=1)
   p.add_argument("--seq_len", type=int, default=128)
   p.add_argument("--batch_size", type=int, default=32)
@@ -186,6 +189,7 @@ def main():
     print(f"  buckets vs fixed: {r['ratios']['buckets_over_fixed']:.2f}x faster (target {target}x: "
           f"{'met' if verdicts[0] else 'NOT met'}); accuracy difference per paired seed "
           f"{', '.join(f'{d:+.2f}' for d in diffs)} points (target within 0.5: {'met' if verdicts[1] else 'NOT met'})")
+    print(f"  buckets: {', '.join(map(str, r['buckets']['buckets']))}")
     print(f"  torch / bertjax buckets time per epoch: {r['ratios']['torch_over_buckets']:.2f} (bertjax at least as fast:"
           f" {'met' if verdicts[2] else 'NOT met'})", flush=True)
     results[task] = r

@@ -58,6 +58,27 @@ def test_bucket_lengths_default_to_multiples_of_32_and_end_at_seq_len():
       batches.bucket_lengths(c)
 
 
+def test_auto_buckets_are_fitted_to_the_training_lengths():
+  """"auto" with the training rows' lengths: seq_len / 32 buckets, multiples of 8, placed where they compute
+  the fewest positions (checked against every choice), seq_len kept last; an eval split shares them."""
+  import itertools
+
+  rng = np.random.default_rng(0)
+  lengths = np.clip(rng.lognormal(2.4, 0.6, 2000).astype(int) + 2, 3, 66)  # SST-2-like: mean ~14, max 66
+  c = ml_collections.ConfigDict(dict(seq_len=128, bucket_lengths="auto"))
+  fitted = batches.bucket_lengths(c, lengths)
+  assert len(fitted) <= 5 and fitted[-1] == 128 and all(b % 8 == 0 for b in fitted)
+  cost = lambda bs: sum(next(b for b in bs if b >= n) for n in lengths)
+  widths = sorted({-(-int(n) // 8) * 8 for n in lengths})
+  best = min(cost(bs) for r in range(1, 5) for bs in itertools.combinations(widths, r) if bs[-1] == widths[-1])
+  assert cost(fitted) == best
+  assert cost(fitted) < 0.7 * cost((32, 64, 96, 128))  # what multiples of 32 compute
+  assert batches.fitted_buckets([5, 5, 5], 128, 4) == (8,)  # no more buckets than lengths to hold
+  arrays = {"groups": (np.arange(128)[None] < np.array([[100], [3]])).astype(np.int32)}
+  eval_layout = batches.layout(c, arrays, ("groups",), train_lengths=lengths)
+  assert eval_layout.buckets == fitted and list(eval_layout.lengths) == [100, 3]
+
+
 @pytest.mark.parametrize("dropout", [False, True])
 def test_a_batch_has_the_same_loss_and_gradients_at_its_bucket_and_at_seq_len(dropout):
   """Padding is masked, and dropout masks are drawn at seq_len (EncoderConfig.dropout_length): with dropout

@@ -2,9 +2,10 @@
 rows of similar length, and cutting a batch to the smallest length bucket that holds its longest row.
 
 Every example is encoded to seq_len, but SST-2's sentences average 13 tokens of 128: computing the padding
-is most of the work. Cutting each batch to one of a few bucket lengths (`bucket_lengths`, default multiples
-of 32) removes most of it while compiling the step at most once per bucket (on TPUs every shape is a
-compile, so free-form dynamic shapes are not the answer). Grouping rows by length within a window of
+is most of the work. Cutting each batch to one of a few bucket lengths (`bucket_lengths`) removes most of it
+while compiling the step at most once per bucket (on TPUs every shape is a compile, so free-form dynamic
+shapes are not the answer). By default the buckets are fitted to the training rows' lengths: as many as
+multiples of 32 would give (seq_len / 32), placed where they waste the fewest positions (multiples of 8). Grouping rows by length within a window of
 `length_window` shuffled batches (transformers' group_by_length: 50 batches a window) makes batches
 short where their rows are; the window's batches are then dealt in a seeded random order, so batches stay
 random and each epoch still sees every row once.
@@ -17,18 +18,52 @@ import numpy as np
 from bertjax.data import pipeline
 from bertjax.core.errors import UserError
 
-BUCKET_STEP = 32  # default buckets: 32, 64, ... up to seq_len (the issue's choice: few shapes, little waste)
+BUCKET_STEP = 32  # "auto" fits seq_len / 32 buckets: as many shapes as multiples of 32 would compile
+BUCKET_QUANTUM = 8  # fitted buckets are multiples of 8 (TPU tiles; nothing finer pays on a CPU either)
 
 
-def bucket_lengths(config) -> tuple:
-  """The sorted bucket lengths of `config.bucket_lengths`: "auto" (multiples of 32 below seq_len, and
-  seq_len), "none" or "" (every batch padded to seq_len, one shape), or a list "32,64,128". seq_len is
-  always the last bucket, so every row fits."""
+def fitted_buckets(lengths, seq_len: int, count: int, quantum: int = BUCKET_QUANTUM) -> tuple:
+  """`count` bucket lengths (multiples of `quantum`, the last one holding the longest row) that minimize
+  the positions computed when each row is padded to the smallest bucket holding it: an exact dynamic
+  program over the rows' lengths rounded up to `quantum`. Batches grouped by length are padded to about
+  their rows' own lengths, so this is what the grouped batches compute."""
+  lengths = np.asarray(lengths)
+  if not len(lengths):
+    return ()
+  width = np.minimum(-(-np.maximum(lengths, 1) // quantum) * quantum, seq_len)
+  cands, rows = np.unique(width, return_counts=True)  # the only lengths worth a bucket
+  below = np.concatenate([[0], np.cumsum(rows)])  # rows of width < cands[i]: below[i]
+  n, k = len(cands), min(count, len(cands))
+  # cost[j][i]: least positions for the rows up to cands[i] with j + 1 buckets, the last at cands[i].
+  cost = np.full((k, n), np.inf)
+  back = np.zeros((k, n), np.int64)
+  cost[0] = cands * below[1:]
+  for j in range(1, k):
+    for i in range(j, n):
+      prev = cost[j - 1, :i] + cands[i] * (below[i + 1] - below[1:i + 1])
+      back[j, i] = int(np.argmin(prev))
+      cost[j, i] = prev[back[j, i]]
+  j = int(np.argmin(cost[:, n - 1]))  # fewer buckets when more would not save anything
+  chosen, i = [], n - 1
+  while j >= 0:
+    chosen.append(int(cands[i]))
+    i, j = back[j, i], j - 1
+  return tuple(sorted(chosen))
+
+
+def bucket_lengths(config, lengths=None) -> tuple:
+  """The sorted bucket lengths of `config.bucket_lengths`: "auto" (fitted_buckets to the training rows'
+  `lengths`, seq_len / 32 of them; multiples of 32 when no lengths are given), "none" or "" (every batch
+  padded to seq_len, one shape), or a list "32,64,128". seq_len is always the last bucket, so every row fits
+  (with fitted buckets it is only compiled for a batch of longer rows: another split's, or none)."""
   spec, seq_len = str(config.get("bucket_lengths", "auto")).strip().lower(), config.seq_len
   if spec in ("", "none", "off"):
     return (seq_len,)
   if spec == "auto":
-    return tuple(range(BUCKET_STEP, seq_len, BUCKET_STEP)) + (seq_len,)
+    if lengths is None:
+      return tuple(range(BUCKET_STEP, seq_len, BUCKET_STEP)) + (seq_len,)
+    fitted = fitted_buckets(lengths, seq_len, max(1, seq_len // BUCKET_STEP))
+    return tuple(b for b in fitted if b < seq_len) + (seq_len,)
   try:
     values = sorted({int(x) for x in spec.replace(" ", "").split(",") if x})
   except ValueError:
@@ -125,9 +160,13 @@ class Layout:
   token_fields: tuple
 
 
-def layout(config, arrays: dict, token_fields) -> Layout:
-  """The Layout of a split encoded to config.seq_len under config.bucket_lengths."""
-  return Layout(bucket_lengths(config), row_lengths(arrays), tuple(token_fields))
+def layout(config, arrays: dict, token_fields, train_lengths=None) -> Layout:
+  """The Layout of a split encoded to config.seq_len under config.bucket_lengths, fitted ("auto") to
+  `train_lengths` (the training split's row lengths; default: this split's), so every split of a run
+  shares the training split's shapes."""
+  lengths = row_lengths(arrays)
+  return Layout(bucket_lengths(config, lengths if train_lengths is None else train_lengths), lengths,
+                tuple(token_fields))
 
 
 def fixed_layout(arrays: dict) -> Layout:

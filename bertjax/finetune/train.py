@@ -274,7 +274,8 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   # The seed's cost (compiles included, so the first seed of a run pays them): training steps, evaluations,
   # and the share of the token positions computed that were real tokens (what length buckets raise).
   setup.setdefault("timing", []).append(dict(train_seconds=time.time() - t0 - seconds_eval,
-                                             eval_seconds=seconds_eval, real_token_share=real_all / positions_all))
+                                             eval_seconds=seconds_eval, real_token_share=real_all / positions_all,
+                                             buckets=[int(b) for b in layout.buckets]))
   if config.save_model and hasattr(task, "save_model"):
     task.save_model(os.path.join(seed_dir, MODEL_DIR), setup["run_config"], eval_model, params)
     if state is not None:  # the learned ranges travel with the model (q8bert.load_ranges reads them)
@@ -298,8 +299,8 @@ def prepare(config) -> dict:
   return dict(
       task=task, data=data, loaded=loaded, cfg=cfg, total=total, warmup=min(warmup, total),
       run_config=loaded.config, train=data.train, eval=data.eval,
-      train_layout=batches.layout(config, data.train, data.token_fields),
-      eval_layout=batches.layout(config, data.eval, data.token_fields),
+      train_layout=(train_layout := batches.layout(config, data.train, data.token_fields)),
+      eval_layout=batches.layout(config, data.eval, data.token_fields, train_layout.lengths),
       info=dict(data.info, kind=tasks.kind_of(config), tokenizer=loaded.tokenizer.spec(),
                 model=dict(layers=cfg.num_layers, hidden=cfg.hidden_size, heads=cfg.num_heads)),
   )
