@@ -5,10 +5,10 @@ Every example is encoded to seq_len, but SST-2's sentences average 13 tokens of 
 is most of the work. Cutting each batch to one of a few bucket lengths (`bucket_lengths`) removes most of it
 while compiling the step at most once per bucket (on TPUs every shape is a compile, so free-form dynamic
 shapes are not the answer). By default the buckets are fitted to the training rows' lengths: as many as
-multiples of 32 would give (seq_len / 32), placed where they waste the fewest positions (multiples of 8). Grouping rows by length within a window of
-`length_window` shuffled batches (transformers' group_by_length: 50 batches a window) makes batches
-short where their rows are; the window's batches are then dealt in a seeded random order, so batches stay
-random and each epoch still sees every row once.
+multiples of 32 would give (seq_len / 32), placed where they waste the fewest positions (multiples of 8).
+Grouping rows by length within a window of `length_window` shuffled batches (transformers' group_by_length:
+50 batches a window) makes batches short where their rows are; the window's batches are then dealt in a
+seeded random order, so batches stay random and each epoch still sees every row once.
 """
 
 import dataclasses
