@@ -36,6 +36,8 @@ def test_normalization_and_token_f1_follow_the_official_definitions():
   assert ev.f1("a b b", "b b b") == pytest.approx(0.8)  # "a" is an article: gold {b, b}, P 2/3, R 1
   assert ev.f1("", "") == 1.0 and ev.f1("", "x") == 0.0 and ev.f1("x", "") == 0.0
   assert ev.f1("the", "") == 1.0  # a gold that normalizes to nothing is a no-answer
+  # evaluate-v1.1.py has no empty rule: no common token is F1 0, even for two empty answers (EM still 1).
+  assert ev.f1("the", "", empty_agree=False) == 0.0 and ev.f1("", "", empty_agree=False) == 0.0
 
 
 def test_v1_scores_the_maximum_over_gold_answers_and_refuses_missing_predictions():
@@ -46,6 +48,9 @@ def test_v1_scores_the_maximum_over_gold_answers_and_refuses_missing_predictions
   assert out == {"exact_match": pytest.approx(50.0), "f1": pytest.approx(100 * (1 + 2 / 3) / 2)}
   with pytest.raises(UserError, match="no entry"):
     ev.evaluate_v1(data, {"q1": "Paris"})
+  # A gold answer that normalizes to nothing, predicted empty: v1.1 counts EM 1 but F1 0.
+  data = _squad([("The end.", [("q1", "?", ["The"])])], "1.1")["data"]
+  assert ev.evaluate_v1(data, {"q1": ""}) == {"exact_match": 100.0, "f1": 0.0}
 
 
 def test_v2_threshold_breakdown_and_best_threshold_from_real_null_odds():

@@ -39,11 +39,13 @@ def exact(gold: str, pred: str) -> int:
   return int(normalize_answer(gold) == normalize_answer(pred))
 
 
-def f1(gold: str, pred: str) -> float:
-  """Token-overlap F1 of the normalized answers. When either side is empty (a no-answer), 1 if both are,
-  else 0 (v2.0's rule; under v1.1 gold answers are never empty and an empty prediction scores 0 either way)."""
+def f1(gold: str, pred: str, empty_agree: bool = True) -> float:
+  """Token-overlap F1 of the normalized answers. `empty_agree` (v2.0's rule): when either side normalizes to
+  nothing (a no-answer), 1 if both do, else 0. evaluate-v1.1.py has no such rule: no common token scores 0,
+  so a gold answer that normalizes to nothing (e.g. "the") scores F1 0 against an empty prediction, though
+  its exact match is 1."""
   g, p = answer_tokens(gold), answer_tokens(pred)
-  if not g or not p:
+  if empty_agree and (not g or not p):
     return float(g == p)
   same = sum((collections.Counter(g) & collections.Counter(p)).values())
   if not same:
@@ -72,7 +74,7 @@ def evaluate_v1(dataset: list, predictions: dict) -> dict:
   golds = list(questions(dataset))
   _check_predicted([q for q, _ in golds], predictions)
   em = sum(max(exact(g, predictions[q]) for g in answers) for q, answers in golds)
-  f = sum(max(f1(g, predictions[q]) for g in answers) for q, answers in golds)
+  f = sum(max(f1(g, predictions[q], empty_agree=False) for g in answers) for q, answers in golds)
   total = max(len(golds), 1)
   return {"exact_match": 100.0 * em / total, "f1": 100.0 * f / total}
 
