@@ -10,8 +10,9 @@ dot census of its compiled step (`bertjax.train.census`: dots and FLOPs per libr
 
 Settings (SETTINGS below): `xla` (XLA's own routing and a rolled layer scan: the step before issue #35),
 `default` (bertjax's CPU defaults now: `runtime.CPU_XLA_FLAGS` and every layer unrolled), `unrolled` (only the
-unrolled layers, flags and dense_grad as `xla`), and each lever of issue #35 alone and combined. Workloads: the pretraining train step of BERT tiny (batch 32 x 128) and base (8 x 128),
-float32, and a BERT-base sentence-classification fine-tuning step (32 x 128).
+unrolled layers, flags and dense_grad as `xla`), and each lever of issue #35 alone and combined. Workloads: the
+pretraining train step of BERT tiny (batch 32 x 128) and base (8 x 128), float32, and a BERT-base
+sentence-classification fine-tuning step (32 x 128).
 
   python benchmarks/cpu_routing.py                                   # every workload, the main settings
   python benchmarks/cpu_routing.py --workloads=base --settings=xla,default,ynn_eltwise --rounds=6
@@ -36,8 +37,8 @@ from bertjax.train import bench  # noqa: E402
 _ONEDNN = "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type="
 _YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="
 # name -> (XLA_FLAGS, model overrides). `default` is filled in from runtime.CPU_XLA_FLAGS.
-# ROLLED: the encoder's own choice of how many layers a scan iteration runs (all up to 4, else 1), which was the CPU's
-# too before issue #35 made the CPU unroll every layer (bertjax.model.config.scan_unroll).
+# ROLLED: the encoder's own choice of how many layers a scan iteration runs (all up to 4, else 1), the CPU's too
+# before issue #35 made the CPU unroll every layer (bertjax.model.config.scan_unroll).
 ROLLED = "rolled"
 SETTINGS = {
     # The step before issue #35: XLA's own routing and a rolled layer scan, whatever bertjax's defaults become.
