@@ -3,9 +3,10 @@
 One encoder serves BERT, RoBERTa, ALBERT and ELECTRA, and ModernBERT-class encoders through options (rotary
 positions, GeGLU, pre-LayerNorm, no biases, alternating local/global attention; docs/modernbert.md). Its hyperparameters come in a frozen
 `EncoderConfig`; every parameter carries logical axis names (bertjax.core.sharding) so that sharding is a
-config choice. Layers run under `nn.scan` (stacked parameters, compile time flat in depth). ALBERT's
-cross-layer sharing keeps a shared block once per group *outside* the scan and hands it to every scanned
-layer, so all sharing modes are the same scanned layer with a different set of blocks it owns.
+config choice. Layers run under `nn.scan` (stacked parameters, compile time flat in depth; the CPU unrolls
+it, bertjax.model.config.scan_unroll). ALBERT's cross-layer sharing keeps a shared block once per group
+*outside* the scan and hands it to every scanned layer, so all sharing modes are the same scanned layer with
+a different set of blocks it owns.
 """
 
 import dataclasses
@@ -25,7 +26,8 @@ SHARING_MODES = ("none", "all", "attention", "ffn")
 # Up to this depth the layer scan is unrolled (same parameters, initialization and randomness): a rolled
 # loop stacks every layer's saved activations into [layers, ...] buffers (zero-filled, then sliced in the
 # backward pass), ~10% of a 2-layer CPU step, while a few unrolled layers add little compile time. Deeper
-# models keep the rolled loop, so their compile time stays flat in depth.
+# models keep the rolled loop, so their compile time stays flat in depth, except on the CPU, where step time
+# wins and every layer is unrolled (bertjax.model.config.scan_unroll).
 UNROLL_MAX_LAYERS = 4
 
 
