@@ -7,7 +7,7 @@ in v2.0 mode and in v1.1 mode (answerable questions only), 2 seeds a side.
 Data: ../shared/data/squad/dev-v2.0-half.json (16 articles of the official v2.0 dev set) split BY ARTICLE:
 the first --train_articles articles are the training set, the last --eval_articles the evaluation set (no
 paragraph is in both). On a 2-core CPU the defaults take subsets, drawn with seed 0: 1,200 training
-questions, 300 evaluation questions, sequence 192 with stride 64 (about 45 minutes on 2 idle cores; the published
+questions, 300 evaluation questions, sequence 192 with stride 64 (about 50 minutes on 2 idle cores; the published
 384/128 on everything: --train_questions=0 --eval_questions=0 --seq_len=384 --doc_stride=128). v1.1 mode draws
 as many questions from the answerable ones of the same articles.
 
