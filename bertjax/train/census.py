@@ -181,15 +181,19 @@ def census(hlo_text: str) -> dict:
 
 
 def format_census(c: dict, title: str = "") -> str:
-  """The census as a few lines of text: a table per library, then each dot left on Eigen/XLA and why."""
+  """The census as a few lines of text: a table per library, then each dot left on Eigen/XLA and why (alike
+  dots, e.g. one per unrolled layer, as one line)."""
   lines = [title] if title else []
   lines.append(f"{'library':<9} {'dots':>5} {'runs/step':>9} {'GFLOP/step':>11} {'share':>6}")
   for lib, row in c["libraries"].items():
     lines.append(f"{lib:<9} {row['dots']:>5} {row['executions']:>9} {row['flops'] / 1e9:>11.2f} "
                  f"{row['flop_share']:>6.1%}")
+  # The same dot in every unrolled layer (the CPU unrolls them) is one line with its total runs per step.
+  runs = collections.Counter()
   for d in c["slow_path"]:
-    lines.append(f"  {d['library']}: {d['op_name'].split('/', 1)[-1][-70:]} {d['shapes']} x{d['executions']}: "
-                 f"{d['why'] or d['dims']}")
+    runs[d["library"], d["op_name"].split("/", 1)[-1][-70:], d["shapes"], d["why"] or d["dims"]] += d["executions"]
+  for (library, op, shapes, why), n in runs.items():
+    lines.append(f"  {library}: {op} {shapes} x{n}: {why}")
   return "\n".join(lines)
 
 
