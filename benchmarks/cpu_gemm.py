@@ -62,7 +62,7 @@ def main():
     t0 = time.perf_counter()
     for _ in range(repeats):
       out = run()
-    getattr(out, "block_until_ready", lambda: None)()  # a jax array finishes here; torch's has
+    getattr(out, "block_until_ready", lambda: None)()  # jax runs async: wait; torch has already finished
     return (time.perf_counter() - t0) / repeats
 
   print(f"{os.cpu_count()} cores, jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} "

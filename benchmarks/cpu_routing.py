@@ -76,7 +76,7 @@ def with_overrides(config, overrides: dict):
   for key, value in overrides.items():
     section, leaf = key.split(".")
     if value == ROLLED:  # what the encoder picks when the platform does not (model.config.scan_unroll)
-      value = config.model.num_layers if config.model.num_layers <= encoder.UNROLL_MAX_LAYERS else 1
+      value = encoder.default_unroll(config.model.num_layers)
     config[section][leaf] = value
   return config
 

@@ -31,9 +31,15 @@ SHARING_MODES = ("none", "all", "attention", "ffn")
 UNROLL_MAX_LAYERS = 4
 
 
+def default_unroll(num_layers: int) -> int:
+  """Layers per scan iteration when the config leaves it open (scan_unroll 0 off the CPU): all up to
+  UNROLL_MAX_LAYERS, else 1."""
+  return num_layers if num_layers <= UNROLL_MAX_LAYERS else 1
+
+
 def layers_per_iteration(c) -> int:
   """How many layers one iteration of the layer scan runs (its `unroll`)."""
-  return c.scan_unroll or (c.num_layers if c.num_layers <= UNROLL_MAX_LAYERS else 1)
+  return c.scan_unroll or default_unroll(c.num_layers)
 
 
 # Non-trainable state a quantizer keeps per layer (bertjax.compress.q8bert's activation ranges): stacked
