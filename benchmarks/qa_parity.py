@@ -15,7 +15,13 @@ Recipe, the same on both sides (transformers examples/pytorch/question-answering
 issue's recipe): AdamW lr 3e-5, betas (0.9, 0.999), eps 1e-8, weight decay 0, no warmup then linear decay
 to 0 (get_linear_schedule_with_warmup), gradient clipping 1.0, batch 16, 2 epochs of ceil(N / 16) batches
 (the last one partial), dropout 0.1, max question 64 tokens, n-best 20, max answer 30 tokens, v2.0
-null threshold 0.0, a fresh qa_outputs head drawn by each side's own initializer.
+null threshold 0.0.
+
+Paired seeds (--paired=1, the default, as benchmarks/finetune_parity.py pairs them): PyTorch's seed s starts from
+bertjax's seed-s qa_outputs head and trains on bertjax's seed-s batches in the same order (length-grouped as
+bertjax groups them); only dropout is each side's own. At the CPU sizes the model learns little and a seed's head
+and row order move F1 by several points, which two unpaired seeds a side cannot average away; paired, the
+difference measures the implementations. --paired=0: each side draws its own head and order.
 
 Both sides train on the SAME windows (bertjax's squad_features: [CLS] q [SEP] context chunk [SEP], labels
 from the tokenizer's offsets, windows without the answer at [CLS]); PyTorch runs a plain loop over
@@ -146,6 +152,19 @@ def torch_postprocess(questions, windows, start, end, n_best: int, max_len: int,
   return preds, odds, time.time() - t0
 
 
+def bertjax_draws(config, seed: int, setup: dict) -> dict:
+  """What bertjax's seed `seed` draws besides dropout: its fresh qa_outputs head and the rows of every
+  training step (epoch-aligned, grouped by length as bertjax groups them)."""
+  import numpy as np
+
+  from bertjax.finetune import batches, train
+
+  head = train.seed_start(config, seed, setup)[1]["qa_outputs"]
+  n = len(setup["train"]["input_ids"])
+  rows = [batches.batch_rows(n, s, config, seed, setup["train_layout"].lengths) for s in range(setup["total"])]
+  return dict(kernel=np.array(head["kernel"]), bias=np.array(head["bias"]), rows=[r[r >= 0] for r in rows])
+
+
 def run_torch(args, config, setup, seed: int) -> tuple[dict, float, float]:
   """(metrics, training seconds, post-processing seconds) of a plain PyTorch loop over BertForQuestionAnswering."""
   import numpy as np
@@ -157,17 +176,26 @@ def run_torch(args, config, setup, seed: int) -> tuple[dict, float, float]:
 
   torch.manual_seed(seed)
   model = transformers.BertForQuestionAnswering.from_pretrained(args.checkpoint)
+  draws = bertjax_draws(config, seed, setup) if args.paired else None
+  if draws is not None:
+    with torch.no_grad():
+      model.qa_outputs.weight.copy_(torch.from_numpy(draws["kernel"].T))
+      model.qa_outputs.bias.copy_(torch.from_numpy(draws["bias"]))
   model.train()
   opt = torch.optim.AdamW(model.parameters(), lr=3e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
   train = setup["train"]
   n, bs = len(train["input_ids"]), 16
   per_epoch = math.ceil(n / bs)
   total = per_epoch * 2
+  assert draws is None or len(draws["rows"]) == total, "bertjax and PyTorch count the steps differently"
   sched = transformers.get_linear_schedule_with_warmup(opt, 0, total)
   t0 = time.time()
   for step in range(total):
     epoch, k = divmod(step, per_epoch)
-    idx = pipeline.permuted(seed + 1000, epoch, np.arange(k * bs, min((k + 1) * bs, n)), n)  # own order
+    if draws is not None:
+      idx = draws["rows"][step]
+    else:
+      idx = pipeline.permuted(seed + 1000, epoch, np.arange(k * bs, min((k + 1) * bs, n)), n)  # own order
     batch = {key: torch.tensor(v[idx]).long() for key, v in train.items() if key != "is_impossible"}
     out = model(input_ids=batch["input_ids"], attention_mask=batch["groups"], token_type_ids=batch["type_ids"],
                 start_positions=batch["start_position"], end_positions=batch["end_position"])
@@ -205,6 +233,9 @@ def main():
   p.add_argument("--doc_stride", type=int, default=64)
   p.add_argument("--seeds", type=int, default=2)
   p.add_argument("--modes", default="2.0,1.1")
+  p.add_argument("--paired", type=int, default=1,
+                 help="1: PyTorch's seed s starts from bertjax's seed-s head and batches (dropout stays each side's "
+                      "own); 0: each side draws its own")
   p.add_argument("--workdir", default="/tmp/qa_parity")
   p.add_argument("--json", default="")
   args = p.parse_args()
@@ -214,7 +245,8 @@ def main():
   runtime.setup()
   counts = split(args, args.workdir)
   print(f"data: {DATA} by article: first {args.train_articles} train, last {args.eval_articles} eval; questions {counts}; "
-        f"seq {args.seq_len} stride {args.doc_stride}", flush=True)
+        f"seq {args.seq_len} stride {args.doc_stride}; "
+        f"{'paired seeds (same head and batches, own dropout)' if args.paired else 'unpaired seeds'}", flush=True)
   report = {}
   for version in args.modes.split(","):
     data_dir = os.path.join(args.workdir, "v2" if version == "2.0" else "v1")
