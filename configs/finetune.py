@@ -61,7 +61,8 @@ def get_config(arg: str = "sst2"):
   # ceil(N / batch) batches an epoch, the last one partial (padded rows weigh 0), warmup ceil(fraction * total).
   c.epoch_mode = "bert"
   # Length buckets (bertjax.finetune.batches): each batch is cut to the smallest bucket holding its longest
-  # row; auto = 32, 64, ... up to seq_len (one compiled step per bucket); none = every batch padded to seq_len.
+  # row (one compiled step per bucket); auto = seq_len / 32 buckets fitted to the training rows' lengths
+  # (multiples of 8) and seq_len; a list "32,64,128"; none = every batch padded to seq_len.
   c.bucket_lengths = "auto"
   # Rows are sorted by length within windows of this many shuffled batches, whose batches then run in a
   # seeded random order (transformers' group_by_length uses 50); 0 or 1: no grouping.

@@ -75,8 +75,28 @@ def test_auto_buckets_are_fitted_to_the_training_lengths():
   assert cost(fitted) < 0.7 * cost((32, 64, 96, 128))  # what multiples of 32 compute
   assert batches.fitted_buckets([5, 5, 5], 128, 4) == (8,)  # no more buckets than lengths to hold
   arrays = {"groups": (np.arange(128)[None] < np.array([[100], [3]])).astype(np.int32)}
-  eval_layout = batches.layout(c, arrays, ("groups",), train_lengths=lengths)
+  eval_layout = batches.layout(c, arrays, ("groups",), buckets=fitted)
   assert eval_layout.buckets == fitted and list(eval_layout.lengths) == [100, 3]
+
+
+@pytest.mark.parametrize("epoch_mode,window", [("transformers", 5), ("bert", 5), ("bert", 0)])
+def test_auto_buckets_fit_the_longest_row_of_every_training_batch(epoch_mode, window):
+  """batch_longest gives each batch's longest row as batch_rows makes the batches (every seed, every step, a
+  partial last window included), and buckets fitted to them compute no more positions than buckets fitted to
+  the rows' own lengths: a batch costs its bucket x batch_size, whatever its other rows."""
+  rng = np.random.default_rng(1)
+  lengths = np.clip(rng.lognormal(3.9, 0.5, 203).astype(int), 8, 128)  # RTE-like: mean ~55
+  c = ml_collections.ConfigDict(dict(seq_len=128, bucket_lengths="auto", batch_size=8, length_window=window,
+                                     epoch_mode=epoch_mode))
+  total, seeds = 57, (3, 4)
+  runs = [[batches.batch_rows(len(lengths), step, c, seed, lengths if window else None) for step in range(total)]
+          for seed in seeds]
+  want = [lengths[r[r >= 0]].max() for run in runs for r in run]
+  longest = batches.batch_longest(lengths, total, c, seeds)
+  assert sorted(longest) == sorted(want) and len(longest) == total * len(seeds)
+  positions = lambda buckets: sum(next(b for b in buckets if b >= m) for m in want)
+  by_batches = batches.layout(c, {"groups": np.zeros((1, 128), np.int32)}, (), fit_to=longest).buckets
+  assert positions(by_batches) <= positions(batches.bucket_lengths(c, lengths))
 
 
 @pytest.mark.parametrize("dropout", [False, True])

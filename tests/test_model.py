@@ -116,6 +116,48 @@ def test_unrolled_layers_train_as_the_rolled_scan():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6), g1, g5)
 
 
+LAST_LAYER_CASES = {
+    "bert": {},
+    "albert_shared": dict(sharing="all", num_groups=1),
+    "modernbert": dict(norm="pre", position="rope", ffn="geglu", use_bias=False, local_layers=(True, False, True),
+                       local_window=4),
+    "one_layer": dict(num_layers=1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAST_LAYER_CASES))
+def test_a_cls_classifier_s_last_layer_computes_only_cls_and_gives_the_full_stack_s_logits_and_gradients(case):
+  """A [CLS]-pooled classifier asks the encoder for its [CLS] rows only (Encoder `outputs_at`): the last layer
+  then computes those queries alone (fewer FLOPs), and logits and gradients (head gates' included) equal the full
+  stack's, which runs whenever a pass needs every position (here: sown intermediates). Packed rows too."""
+  from bertjax.finetune.model import Classifier
+
+  fields = dict(vocab_size=50, hidden_size=16, num_layers=3, num_heads=2, intermediate_size=32, embedding_size=16,
+                max_positions=32)
+  cfg = EncoderConfig(**{**fields, **LAST_LAYER_CASES[case]})
+  model = Classifier(cfg, 3, deterministic=True, head="modernbert" if case == "modernbert" else "pooler")
+  ids = jax.random.randint(jax.random.key(1), (4, 10), 1, 50)
+  groups = (jnp.arange(10)[None] < jnp.array([[10], [7], [3], [9]])).astype(jnp.int32)
+  packed_groups = jnp.array([[1] * 4 + [2] * 6, [1] * 7 + [0] * 3, [1] * 3 + [2] * 2 + [0] * 5, [1] * 9 + [0]])
+  packed = dict(position_ids=jnp.where(packed_groups == 2, jnp.arange(10) - jnp.array([[4], [0], [3], [0]]),
+                                       jnp.arange(10)),
+                cls_positions=jnp.array([[0, 4], [0, 0], [0, 3], [0, 0]]))
+  params = model.init(jax.random.key(0), ids, ids * 0, groups)["params"]
+  gates = jnp.ones((cfg.num_layers, 2)).at[-1, 1].set(0.3)
+  for g, extra in ((groups, {}), (packed_groups, packed)):
+    split = lambda p, gt: model.apply({"params": p}, ids, ids * 0, g, gt, **extra)
+    full = lambda p, gt: model.apply({"params": p}, ids, ids * 0, g, gt, mutable="intermediates", **extra)[0]
+    np.testing.assert_allclose(np.asarray(split(params, gates)), np.asarray(full(params, gates)), atol=1e-5)
+    grads = [jax.grad(lambda p, gt: (f(p, gt) ** 2).sum(), argnums=(0, 1))(params, gates) for f in (split, full)]
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5), *grads)
+    flops = [jax.jit(f).lower(params, gates).compile().cost_analysis()["flops"] for f in (split, full)]
+    assert flops[0] < 0.8 * flops[1]
+  # Training (dropout on) runs the split stack too, and its loss has gradients everywhere.
+  train = model.clone(deterministic=False)
+  loss = lambda p: (train.apply({"params": p}, ids, ids * 0, groups, rngs={"dropout": jax.random.key(2)}) ** 2).sum()
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(jax.grad(loss)(params)))
+
+
 def test_padding_does_not_change_real_tokens():
   cfg = _encoder("none")
   ids = jnp.array([[5, 6, 7, 8, 0, 0, 0, 0]], jnp.int32)

@@ -4,8 +4,9 @@ rows of similar length, and cutting a batch to the smallest length bucket that h
 Every example is encoded to seq_len, but SST-2's sentences average 13 tokens of 128: computing the padding
 is most of the work. Cutting each batch to one of a few bucket lengths (`bucket_lengths`) removes most of it
 while compiling the step at most once per bucket (on TPUs every shape is a compile, so free-form dynamic
-shapes are not the answer). By default the buckets are fitted to the training rows' lengths: as many as
-multiples of 32 would give (seq_len / 32), placed where they waste the fewest positions (multiples of 8).
+shapes are not the answer). By default the buckets are fitted to the run's training batches: as many as
+multiples of 32 would give (seq_len / 32), placed (multiples of 8) where the batches, each padded to the bucket
+of its longest row, compute the fewest positions.
 Grouping rows by length within a window of `length_window` shuffled batches (transformers' group_by_length:
 50 batches a window) makes batches short where their rows are; the window's batches are then dealt in a
 seeded random order, so batches stay random and each epoch still sees every row once.
@@ -23,10 +24,10 @@ BUCKET_QUANTUM = 8  # fitted buckets are multiples of 8 (TPU tiles; nothing fine
 
 
 def fitted_buckets(lengths, seq_len: int, count: int, quantum: int = BUCKET_QUANTUM) -> tuple:
-  """`count` bucket lengths (multiples of `quantum`, the last one holding the longest row) that minimize
-  the positions computed when each row is padded to the smallest bucket holding it: an exact dynamic
-  program over the rows' lengths rounded up to `quantum`. Batches grouped by length are padded to about
-  their rows' own lengths, so this is what the grouped batches compute."""
+  """`count` bucket lengths (multiples of `quantum`, the last one holding the longest) that minimize the
+  positions computed when each of `lengths` is padded to the smallest bucket holding it: an exact dynamic
+  program over the lengths rounded up to `quantum`. Given each training batch's longest row
+  (`batch_longest`), that is what the run computes (a batch is its bucket x batch_size positions)."""
   lengths = np.asarray(lengths)
   if not len(lengths):
     return ()
@@ -52,8 +53,8 @@ def fitted_buckets(lengths, seq_len: int, count: int, quantum: int = BUCKET_QUAN
 
 
 def bucket_lengths(config, lengths=None) -> tuple:
-  """The sorted bucket lengths of `config.bucket_lengths`: "auto" (fitted_buckets to the training rows'
-  `lengths`, seq_len / 32 of them; multiples of 32 when no lengths are given), "none" or "" (every batch
+  """The sorted bucket lengths of `config.bucket_lengths`: "auto" (fitted_buckets to `lengths`, the training
+  batches' longest rows, seq_len / 32 of them; multiples of 32 when no lengths are given), "none" or "" (every batch
   padded to seq_len, one shape), or a list "32,64,128". seq_len is always the last bucket, so every row fits
   (with fitted buckets it is only compiled for a batch of longer rows: another split's, or none)."""
   spec, seq_len = str(config.get("bucket_lengths", "auto")).strip().lower(), config.seq_len
@@ -129,6 +130,26 @@ def batch_rows(n: int, step: int, config, seed: int, lengths: np.ndarray | None 
   return _pad(rows[k * bs:(k + 1) * bs], bs)
 
 
+def batch_longest(lengths: np.ndarray, total: int, config, seeds) -> np.ndarray:
+  """The longest row of each of the first `total` training batches of every seed in `seeds`, as batch_rows
+  makes them (computed per window of batches, not per step): what "auto" buckets are fitted to."""
+  n, bs, out = len(lengths), config.batch_size, []
+  grouped = config.get("length_window", 0) > 1
+  for seed in seeds:
+    step = 0
+    while n and step < total:
+      first, count = _window(n, step, config) if grouped else (step, 1)
+      rows = _stream(n, first, count, config, seed)
+      if grouped:
+        rows = rows[np.argsort(-lengths[rows], kind="stable")]
+        ks = np.random.default_rng([seed, first, 0x6C656E]).permutation(count)[:total - first]
+      else:
+        ks = [0]
+      out.extend(int(lengths[rows[k * bs:(k + 1) * bs]].max()) for k in ks)
+      step = first + count
+  return np.asarray(out, np.int64)
+
+
 def take(arrays: dict, rows: np.ndarray, layout: "Layout") -> dict:
   """The batch of `rows` (-1: a padding row, weight 0, a copy of row 0), its token fields cut to the
   smallest bucket that holds its longest real row; example_weight added."""
@@ -160,13 +181,14 @@ class Layout:
   token_fields: tuple
 
 
-def layout(config, arrays: dict, token_fields, train_lengths=None) -> Layout:
-  """The Layout of a split encoded to config.seq_len under config.bucket_lengths, fitted ("auto") to
-  `train_lengths` (the training split's row lengths; default: this split's), so every split of a run
-  shares the training split's shapes."""
+def layout(config, arrays: dict, token_fields, fit_to=None, buckets=None) -> Layout:
+  """The Layout of a split encoded to config.seq_len: `buckets` when given (an evaluation split takes its
+  training split's, so a run compiles no other shapes), else config.bucket_lengths, "auto" fitted to `fit_to`
+  (the training batches' longest rows, `batch_longest`; default: this split's row lengths)."""
   lengths = row_lengths(arrays)
-  return Layout(bucket_lengths(config, lengths if train_lengths is None else train_lengths), lengths,
-                tuple(token_fields))
+  if buckets is None:
+    buckets = bucket_lengths(config, lengths if fit_to is None else fit_to)
+  return Layout(tuple(buckets), lengths, tuple(token_fields))
 
 
 def fixed_layout(arrays: dict) -> Layout:

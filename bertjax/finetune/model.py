@@ -62,8 +62,13 @@ class Classifier(nn.Module):
     the examples apart, and `cls_positions` [B, K] name each example's [CLS]: outputs are then [B, K, outputs]."""
     c = self.cfg
     x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic, position_ids)
-    hidden = Encoder(c, self.deterministic, name="encoder")(x, groups, head_gates, position_ids)
-    cls = hidden[:, 0] if cls_positions is None else jnp.take_along_axis(hidden, cls_positions[..., None], axis=1)
+    encoder = Encoder(c, self.deterministic, name="encoder")
+    if self.head == "modernbert" and self.pooling == "mean":
+      hidden = encoder(x, groups, head_gates, position_ids)
+    else:  # only the [CLS] hidden states are used: the last layer computes nothing else
+      at = jnp.zeros((x.shape[0], 1), jnp.int32) if cls_positions is None else cls_positions
+      cls = encoder(x, groups, head_gates, position_ids, outputs_at=at)
+      cls = cls[:, 0] if cls_positions is None else cls
     drop = lambda h: nn.Dropout(self.classifier_dropout)(h, deterministic=self.deterministic)
     if self.head == "modernbert":
       if self.pooling == "mean" and cls_positions is None:  # over the real tokens (HF: attention_mask)

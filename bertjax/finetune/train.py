@@ -296,11 +296,14 @@ def prepare(config) -> dict:
          f"model.quantize=q8bert needs unshared layers; this checkpoint shares them (sharing={cfg.sharing})")
   data = task.prepare(config, loaded)
   total, warmup = step_counts(config, len(data.train["input_ids"]))
+  longest = batches.batch_longest(batches.row_lengths(data.train), total, config,
+                                  [config.seed + s for s in range(config.seeds)])
+  train_layout = batches.layout(config, data.train, data.token_fields, fit_to=longest)
   return dict(
       task=task, data=data, loaded=loaded, cfg=cfg, total=total, warmup=min(warmup, total),
       run_config=loaded.config, train=data.train, eval=data.eval,
-      train_layout=(train_layout := batches.layout(config, data.train, data.token_fields)),
-      eval_layout=batches.layout(config, data.eval, data.token_fields, train_layout.lengths),
+      train_layout=train_layout,
+      eval_layout=batches.layout(config, data.eval, data.token_fields, buckets=train_layout.buckets),
       info=dict(data.info, kind=tasks.kind_of(config), tokenizer=loaded.tokenizer.spec(),
                 model=dict(layers=cfg.num_layers, hidden=cfg.hidden_size, heads=cfg.num_heads)),
   )

@@ -6,7 +6,8 @@ positions, GeGLU, pre-LayerNorm, no biases, alternating local/global attention; 
 config choice. Layers run under `nn.scan` (stacked parameters, compile time flat in depth; the CPU unrolls
 it, bertjax.model.config.scan_unroll). ALBERT's cross-layer sharing keeps a shared block once per group
 *outside* the scan and hands it to every scanned layer, so all sharing modes are the same scanned layer with
-a different set of blocks it owns.
+a different set of blocks it owns. A caller that keeps only a few positions (a [CLS] classifier) passes them as
+`outputs_at`: the last layer then computes only those queries (Encoder.split_stack).
 """
 
 import dataclasses
@@ -431,19 +432,25 @@ class Attention(Block):
   norm=pre the block's output alone (the layer adds it to the residual stream)."""
 
   @nn.compact
-  def __call__(self, x, mask, head_gates=None, rope=None, local=False):
+  def __call__(self, x, mask, head_gates=None, rope=None, local=False, at=None):
     """`mask`: the additive bias [B, 1, S, S] of `attention_bias` for the xla implementation, the groups
     [B, S] for a fused one (`attention_mask`). `head_gates`: optional [heads] of this layer (bertjax.compress.prune).
     `rope`: this layer's (cos, sin) [B, S, head_dim / 2] (bertjax.model.rope), or None. `local`: whether this
-    layer attends within its sliding window (a bool, or a traced one inside the layer scan)."""
+    layer attends within its sliding window (a bool, or a traced one inside the layer scan). `at`: optional
+    [B, K] positions, the only queries computed (xla implementation): the output is [B, K, E], keys and values
+    still come from every position."""
     c = self.cfg
     proj = lambda n: dense(c, c.hidden_size, (c.num_heads, c.head_dim), (sh.EMBED, sh.HEADS, sh.KV), n, c.use_bias)
-    q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
+    xq = x if at is None else rows_at(x, at)
+    q, k, v = proj("query")(xq), proj("key")(x), proj("value")(x)
     if rope is not None:
-      q, k = rope_lib.apply(q, rope), rope_lib.apply(k, rope)
+      q = rope_lib.apply(q, rope if at is None else tuple(rows_at(t, at) for t in rope))
+      k = rope_lib.apply(k, rope)
     if c.attention == "xla":
       if local is not False:  # keys further than the half window away are masked on local layers
         mask = mask + attention_lib.window_bias(x.shape[1], c.half_window, local)
+      if at is not None:  # the queries' rows of the [B, 1, S, S] bias
+        mask = jnp.take_along_axis(mask, at[:, None, :, None], axis=2)
       # Scores, mask and softmax in float32: bf16 softmax loses the small probabilities.
       scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
       probs = jax.nn.softmax(scores * c.head_dim**-0.5 + mask, axis=-1)
@@ -453,6 +460,7 @@ class Attention(Block):
       probs = token_dropout(c, c.attention_dropout, (2, 3))(probs, deterministic=self.deterministic)
       ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
     else:  # a fused kernel: no [B, H, S, S] array, no attention dropout (config validation sees to it)
+      assert at is None, "query positions need the xla implementation (Encoder falls back to every position)"
       ctx = attention_lib.fused(c.attention, q, k, v, mask, c.head_dim**-0.5, local=local,
                                 half_window=c.half_window).astype(c.dtype)
     if head_gates is not None:  # 0 removes a head exactly (its context never reaches the output projection)
@@ -462,7 +470,12 @@ class Attention(Block):
     out = token_dropout(c, c.dropout)(out, deterministic=self.deterministic)
     if c.norm == "pre":
       return out.astype(c.dtype)
-    return layer_norm(c, "ln")(x + out).astype(c.dtype)
+    return layer_norm(c, "ln")(xq + out).astype(c.dtype)
+
+
+def rows_at(x, at):
+  """x [B, S, ...] at positions `at` [B, K]: [B, K, ...]."""
+  return jnp.take_along_axis(x, at.reshape(at.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
 class FeedForward(Block):
@@ -512,7 +525,9 @@ class Layer(Block):
   normalized embeddings) while every layer stays alike for the scan."""
 
   @nn.compact
-  def __call__(self, carry, layer_index, mask, shared, head_gates=None, rope=None):
+  def __call__(self, carry, layer_index, mask, shared, head_gates=None, rope=None, at=None):
+    """`at`: optional [B, K] positions, the only ones this layer computes (its output is [B, K, E]; the
+    encoder's last layer when only they are wanted)."""
     c = self.cfg
     pre = c.norm == "pre"
     x, xn = carry if pre else (carry, None)
@@ -521,7 +536,7 @@ class Layer(Block):
     if rope is not None:
       rope = rope_lib.select(rope, local)
     for name, block in BLOCKS.items():
-      args = (xn if pre else x, mask, head_gates, rope, local) if name == "attention" else (x,)
+      args = (xn if pre else x, mask, head_gates, rope, local, at) if name == "attention" else (x,)
       if name in shared:
         params = jax.tree.map(lambda p: p[group], shared[name])
         rngs = {} if self.deterministic else {"dropout": self.make_rng("dropout")}
@@ -534,7 +549,10 @@ class Layer(Block):
           y = shared_block.apply({"params": params}, *args, rngs=rngs)
       else:
         y = block(c, self.deterministic, name=name)(*args)
-      x = x + y if pre and name == "attention" else y
+      if pre and name == "attention":
+        x = (x if at is None else rows_at(x, at)) + y
+      else:
+        x = y
     x = nn.with_logical_constraint(x, (sh.BATCH, sh.LENGTH, sh.ACT_EMBED))
     self.sow("intermediates", "hidden", x)  # kept only when asked for (distillation's layer losses)
     if pre:
@@ -598,9 +616,11 @@ class Encoder(Block):
   """E->H projection (if factorized) and `num_layers` scanned transformer layers."""
 
   @nn.compact
-  def __call__(self, x, groups, head_gates=None, position_ids=None):
+  def __call__(self, x, groups, head_gates=None, position_ids=None, outputs_at=None):
     """head_gates: optional [layers, heads] multipliers of each head's output (1 = on, 0 = removed).
-    position_ids: [B, S] positions (packed rows restart them per example) for rotary positions; default 0..S-1."""
+    position_ids: [B, S] positions (packed rows restart them per example) for rotary positions; default 0..S-1.
+    outputs_at: optional [B, K] positions (a classifier's [CLS]): the encoder returns only their hidden states
+    [B, K, E], and its last layer computes only them (`last_layer_at`)."""
     c = self.cfg
     if c.embedding_size != c.hidden_size:
       x = dense(c, c.embedding_size, c.hidden_size, (None, sh.EMBED), "embedding_projection")(x)
@@ -616,18 +636,53 @@ class Encoder(Block):
     layer = Layer
     if REMAT_POLICIES[c.remat] is not None or c.remat == "full":
       layer = nn.remat(Layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
-    scanned = nn.scan(
-        layer,
-        variable_axes={"params": 0, "intermediates": 0, QUANT_RANGES: 0},
-        split_rngs={"params": True, "dropout": True},
-        in_axes=(0, nn.broadcast, nn.broadcast, 0, nn.broadcast),
-        length=c.num_layers,
-        metadata_params={nn.PARTITION_NAME: sh.LAYERS},
-        unroll=layers_per_iteration(c),
-    )
     # Pre-LN: the first layer's attention reads the embeddings as they are (already LayerNormed); the last
     # layer's out_ln is the final norm, so the encoder returns the normalized stream.
     carry = (x, x) if c.norm == "pre" else x
-    out, _ = scanned(c, self.deterministic, name="layers")(
-        carry, jnp.arange(c.num_layers), attention_mask(c, groups), shared, head_gates, rope)
+    mask = attention_mask(c, groups)
+    layers = scan_layers(layer, c, c.num_layers)(c, self.deterministic, name="layers")
+    if outputs_at is not None and self.last_layer_at():
+      out = self.split_stack(layer, carry, mask, shared, head_gates, rope, outputs_at)
+    else:
+      out, _ = layers(carry, jnp.arange(c.num_layers), mask, shared, head_gates, rope)
+      if outputs_at is not None:
+        out = jax.tree.map(lambda h: rows_at(h, outputs_at), out)
     return out[1] if c.norm == "pre" else out
+
+  def last_layer_at(self) -> bool:
+    """Whether the last layer can compute only the wanted positions: with the xla attention, when no pass
+    needs every layer's full output (init, sown intermediates, quantizers' ranges or intercepted matmuls)."""
+    return (self.cfg.attention == "xla" and not self.cfg.quantizable and not self.is_initializing()
+            and not self.is_mutable_collection("intermediates") and QUANT_RANGES not in self.variables)
+
+  def split_stack(self, layer, carry, mask, shared, head_gates, rope, at):
+    """The layer stack as the first L - 1 layers scanned over their slices of the stacked parameters, then
+    the last layer at positions `at` only: its queries, attention rows, output projection and FFN for K
+    positions instead of S (a [CLS] classifier: about (1 - 2/12) of a layer's matmuls saved). Exact: the last
+    layer's other positions reach nothing the caller keeps. Dropout draws its own masks here (the same
+    distribution as the full stack's, other values)."""
+    c, n = self.cfg, self.cfg.num_layers
+    stacked = sh.strip_boxes(self.variables["params"].get("layers", {}))  # none when ALBERT shares every block
+    rngs = lambda: {} if self.deterministic else {"dropout": self.make_rng("dropout")}
+    gates = (None, None) if head_gates is None else (head_gates[:n - 1], head_gates[n - 1])
+    if n > 1:
+      first = jax.tree.map(lambda p: p[:n - 1], stacked)
+      carry, _ = scan_layers(layer, c, n - 1)(c, self.deterministic, parent=None).apply(
+          {"params": first}, carry, jnp.arange(n - 1), mask, shared, gates[0], rope, rngs=rngs())
+    last = jax.tree.map(lambda p: p[n - 1], stacked)
+    out, _ = layer(c, self.deterministic, parent=None).apply(
+        {"params": last}, carry, jnp.int32(n - 1), mask, shared, gates[1], rope, at, rngs=rngs())
+    return out
+
+
+def scan_layers(layer, c: EncoderConfig, length: int):
+  """`length` layers under nn.scan: parameters stacked on a leading `layers` axis, dropout keys split per layer."""
+  return nn.scan(
+      layer,
+      variable_axes={"params": 0, "intermediates": 0, QUANT_RANGES: 0},
+      split_rngs={"params": True, "dropout": True},
+      in_axes=(0, nn.broadcast, nn.broadcast, 0, nn.broadcast),
+      length=length,
+      metadata_params={nn.PARTITION_NAME: sh.LAYERS},
+      unroll=min(layers_per_iteration(c), length),
+  )
