@@ -147,15 +147,18 @@ def test_a_cls_classifier_s_last_layer_computes_only_cls_and_gives_the_full_stac
   for g, extra in ((groups, {}), (packed_groups, packed)):
     split = lambda p, gt: model.apply({"params": p}, ids, ids * 0, g, gt, **extra)
     full = lambda p, gt: model.apply({"params": p}, ids, ids * 0, g, gt, mutable="intermediates", **extra)[0]
-    np.testing.assert_allclose(np.asarray(split(params, gates)), np.asarray(full(params, gates)), atol=1e-5)
-    grads = [jax.grad(lambda p, gt: (f(p, gt) ** 2).sum(), argnums=(0, 1))(params, gates) for f in (split, full)]
+    np.testing.assert_allclose(np.asarray(jax.jit(split)(params, gates)), np.asarray(jax.jit(full)(params, gates)),
+                               atol=1e-5)
+    grads = [jax.jit(jax.grad(lambda p, gt, f=f: (f(p, gt) ** 2).sum(), argnums=(0, 1)))(params, gates)
+             for f in (split, full)]
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5), *grads)
-    flops = [jax.jit(f).lower(params, gates).compile().cost_analysis()["flops"] for f in (split, full)]
-    assert flops[0] < 0.8 * flops[1]
+    if not extra:  # the split stack computes less (packed rows run the same code)
+      flops = [jax.jit(f).lower(params, gates).compile().cost_analysis()["flops"] for f in (split, full)]
+      assert flops[0] < 0.8 * flops[1]
   # Training (dropout on) runs the split stack too, and its loss has gradients everywhere.
   train = model.clone(deterministic=False)
   loss = lambda p: (train.apply({"params": p}, ids, ids * 0, groups, rngs={"dropout": jax.random.key(2)}) ** 2).sum()
-  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(jax.grad(loss)(params)))
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(jax.jit(jax.grad(loss))(params)))
 
 
 def test_padding_does_not_change_real_tokens():
