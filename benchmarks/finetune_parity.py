@@ -88,14 +88,14 @@ def torch_encode(tok, rows, columns, labels, seq_len):
   return enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], y
 
 
-def bertjax_draws(config, seed: int, setup: dict, n: int) -> dict:
-  """What bertjax's seed `seed` draws besides dropout: its fresh classifier and each epoch's batches (the
-  rows of every step, grouped by length as bertjax groups them)."""
+def bertjax_draws(config, seed: int, setup: dict, n: int, head: str = "classifier") -> dict:
+  """What bertjax's seed `seed` draws besides dropout: its fresh head (params[`head`]: kernel, bias) and each
+  epoch's batches (the rows of every step, grouped by length as bertjax groups them)."""
   import numpy as np
 
   from bertjax.finetune import batches, train
 
-  head = train.seed_start(config, seed, setup)[1]["classifier"]
+  head = train.seed_start(config, seed, setup)[1][head]
   per_epoch = -(-n // config.batch_size)  # epoch_mode transformers: epoch-aligned batches
   rows = [batches.batch_rows(n, s, config, seed, setup["train_layout"].lengths)
           for s in range(per_epoch * int(config.epochs))]

@@ -42,6 +42,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -153,19 +154,6 @@ def torch_postprocess(questions, windows, start, end, n_best: int, max_len: int,
   return preds, odds, time.time() - t0
 
 
-def bertjax_draws(config, seed: int, setup: dict) -> dict:
-  """What bertjax's seed `seed` draws besides dropout: its fresh qa_outputs head and the rows of every
-  training step (epoch-aligned, grouped by length as bertjax groups them)."""
-  import numpy as np
-
-  from bertjax.finetune import batches, train
-
-  head = train.seed_start(config, seed, setup)[1]["qa_outputs"]
-  n = len(setup["train"]["input_ids"])
-  rows = [batches.batch_rows(n, s, config, seed, setup["train_layout"].lengths) for s in range(setup["total"])]
-  return dict(kernel=np.array(head["kernel"]), bias=np.array(head["bias"]), rows=[r[r >= 0] for r in rows])
-
-
 def run_torch(args, config, setup, seed: int) -> tuple[dict, float, float]:
   """(metrics, training seconds, post-processing seconds) of a plain PyTorch loop over BertForQuestionAnswering."""
   import numpy as np
@@ -177,7 +165,12 @@ def run_torch(args, config, setup, seed: int) -> tuple[dict, float, float]:
 
   torch.manual_seed(seed)
   model = transformers.BertForQuestionAnswering.from_pretrained(args.checkpoint)
-  draws = bertjax_draws(config, seed, setup) if args.paired else None
+  import finetune_parity
+
+  draws = None
+  if args.paired:  # bertjax's seed-s qa_outputs head and batches (epoch-aligned, as its epoch_mode transformers)
+    draws = finetune_parity.bertjax_draws(config, seed, setup, len(setup["train"]["input_ids"]), "qa_outputs")
+    draws["rows"] = [rows for epoch in draws["epochs"] for rows in epoch]
   if draws is not None:
     with torch.no_grad():
       model.qa_outputs.weight.copy_(torch.from_numpy(draws["kernel"].T))

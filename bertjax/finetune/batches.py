@@ -124,10 +124,17 @@ def batch_rows(n: int, step: int, config, seed: int, lengths: np.ndarray | None 
   if lengths is None or config.get("length_window", 0) <= 1:
     return _pad(_stream(n, step, 1, config, seed), bs)
   first, count = _window(n, step, config)
+  rows, order = _grouped(n, first, count, config, seed, lengths)
+  k = order[step - first]
+  return _pad(rows[k * bs:(k + 1) * bs], bs)
+
+
+def _grouped(n: int, first: int, count: int, config, seed: int, lengths: np.ndarray) -> tuple:
+  """(rows, order) of the window of `count` batches from step `first`: its rows sorted by length (longest
+  first, ties in shuffled order), and for each of its steps the batch of those rows it runs."""
   rows = _stream(n, first, count, config, seed)
   rows = rows[np.argsort(-lengths[rows], kind="stable")]
-  k = np.random.default_rng([seed, first, 0x6C656E]).permutation(count)[step - first]
-  return _pad(rows[k * bs:(k + 1) * bs], bs)
+  return rows, np.random.default_rng([seed, first, 0x6C656E]).permutation(count)
 
 
 def batch_longest(lengths: np.ndarray, total: int, config, seeds) -> np.ndarray:
@@ -138,13 +145,12 @@ def batch_longest(lengths: np.ndarray, total: int, config, seeds) -> np.ndarray:
   for seed in seeds:
     step = 0
     while n and step < total:
-      first, count = _window(n, step, config) if grouped else (step, 1)
-      rows = _stream(n, first, count, config, seed)
       if grouped:
-        rows = rows[np.argsort(-lengths[rows], kind="stable")]
-        ks = np.random.default_rng([seed, first, 0x6C656E]).permutation(count)[:total - first]
+        first, count = _window(n, step, config)
+        rows, order = _grouped(n, first, count, config, seed, lengths)
+        ks = order[:total - first]
       else:
-        ks = [0]
+        first, count, rows, ks = step, 1, _stream(n, step, 1, config, seed), [0]
       out.extend(int(lengths[rows[k * bs:(k + 1) * bs]].max()) for k in ks)
       step = first + count
   return np.asarray(out, np.int64)

@@ -640,11 +640,11 @@ class Encoder(Block):
     # layer's out_ln is the final norm, so the encoder returns the normalized stream.
     carry = (x, x) if c.norm == "pre" else x
     mask = attention_mask(c, groups)
-    layers = scan_layers(layer, c, c.num_layers)(c, self.deterministic, name="layers")
     if outputs_at is not None and self.last_layer_at():
       out = self.split_stack(layer, carry, mask, shared, head_gates, rope, outputs_at)
     else:
-      out, _ = layers(carry, jnp.arange(c.num_layers), mask, shared, head_gates, rope)
+      out, _ = scan_layers(layer, c, c.num_layers)(c, self.deterministic, name="layers")(
+          carry, jnp.arange(c.num_layers), mask, shared, head_gates, rope)
       if outputs_at is not None:
         out = jax.tree.map(lambda h: rows_at(h, outputs_at), out)
     return out[1] if c.norm == "pre" else out
