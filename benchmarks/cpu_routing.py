@@ -31,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bertjax.core import config as config_lib, runtime  # noqa: E402
-from bertjax.model import encoder  # noqa: E402
+from bertjax.model import hparams  # noqa: E402
 from bertjax.train import bench  # noqa: E402
 
 _ONEDNN = "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type="
@@ -76,7 +76,7 @@ def with_overrides(config, overrides: dict):
   for key, value in overrides.items():
     section, leaf = key.split(".")
     if value == ROLLED:  # what the encoder picks when the platform does not (model.config.scan_unroll)
-      value = encoder.default_unroll(config.model.num_layers)
+      value = hparams.default_unroll(config.model.num_layers)
     config[section][leaf] = value
   return config
 

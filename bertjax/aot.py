@@ -105,7 +105,7 @@ def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
   `unrolled_estimate`, XLA's FLOPs and step time of a scanned model come from `_depth_extrapolated_cost`."""
   from bertjax.core import sharding
   from bertjax.model import attention as attention_lib, flops
-  from bertjax.model.encoder import layers_per_iteration
+  from bertjax.model.hparams import layers_per_iteration
   from bertjax.train import build
 
   if config.get("teacher"):  # a distillation config: the Distiller plugs into the factory from above

@@ -36,7 +36,8 @@ def encoder_only(cfg):
   from flax import linen as nn
   import jax.numpy as jnp
 
-  from bertjax.model.encoder import Embeddings, Encoder
+  from bertjax.model.embeddings import Embeddings
+  from bertjax.model.encoder import Encoder
 
   class EncoderOnly(nn.Module):
     cfg: object

@@ -12,7 +12,9 @@ from flax import linen as nn
 
 from bertjax.core.errors import UserError
 from bertjax.model import attention as attention_lib, config as model_config
-from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig
+from bertjax.model.embeddings import Embeddings
+from bertjax.model.encoder import Encoder
+from bertjax.model.hparams import EncoderConfig
 from bertjax.train import build
 from conftest import encoder_only, load_config, train_cli
 

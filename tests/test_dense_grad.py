@@ -11,7 +11,9 @@ from flax import linen as nn
 
 from bertjax.core.errors import UserError
 from bertjax.model import config as model_config
-from bertjax.model.encoder import Embeddings, Encoder, matmul_pretransposed, tokens_matmul
+from bertjax.model.embeddings import Embeddings
+from bertjax.model.encoder import Encoder
+from bertjax.model.layers import matmul_pretransposed, tokens_matmul
 from conftest import micro
 
 

@@ -12,7 +12,7 @@ from bertjax.data import sources
 from bertjax.finetune import data as task_data, metrics
 from bertjax.finetune.model import layer_multipliers
 from bertjax.hf import convert
-from bertjax.model.encoder import EncoderConfig
+from bertjax.model.hparams import EncoderConfig
 from conftest import load_config, micro
 
 

@@ -142,3 +142,11 @@ def test_the_top_level_is_small_and_one_module_is_named_heads():
   assert top <= TOP_LEVEL, f"new top-level entries {sorted(top - TOP_LEVEL)}: put them in a package (docs/layout.md)"
   assert len(top) <= 12
   assert [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("heads.py")] == ["model/heads.py"]
+
+
+MAX_LINES = 450  # a module a newcomer reads in one sitting (DESIGN.md: ~400); a longer one is split into parts
+
+
+def test_no_module_is_over_450_lines():
+  long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+  assert not long, f"modules over {MAX_LINES} lines: {long}; split them (docs/layout.md)"

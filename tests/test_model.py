@@ -8,7 +8,9 @@ from flax import linen as nn
 
 from bertjax import summary
 from bertjax.core import sharding
-from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig
+from bertjax.model.embeddings import Embeddings
+from bertjax.model.encoder import Encoder
+from bertjax.model.hparams import EncoderConfig
 from bertjax.train import build
 from conftest import encoder_only, load_config
 
@@ -186,7 +188,7 @@ def test_remat_and_bf16_run_and_agree():
 def test_dropout_keep_mask_is_bernoulli_with_independent_draws():
   """Four 16-bit draws per threefry hash: the keep rate is keep_prob, neighbours (which share a hash) and
   keys are independent, and a last dimension that is not a multiple of 4 works."""
-  from bertjax.model.encoder import keep_mask
+  from bertjax.model.dropout import keep_mask
 
   mask = np.asarray(keep_mask(jax.random.key(0), (64, 8, 1000), 0.9), np.float64)
   assert mask.shape == (64, 8, 1000)

@@ -186,7 +186,8 @@ def test_parameter_counts_are_transformers():
 def test_modernbert_init_scales_output_projections():
   """init=modernbert: output projections at init_std / sqrt(2 x layers), others at init_std, both cut at 2 std
   (transformers' ModernBertPreTrainedModel._init_weights)."""
-  from bertjax.model.encoder import dense, EncoderConfig
+  from bertjax.model.hparams import EncoderConfig
+  from bertjax.model.layers import dense
 
   cfg = EncoderConfig(vocab_size=8, hidden_size=256, num_layers=8, num_heads=4, intermediate_size=256,
                       embedding_size=256, init="modernbert")

@@ -14,7 +14,7 @@ import pytest
 from flax import linen as nn
 
 from bertjax.core.errors import UserError
-from bertjax.model.encoder import is_stacked
+from bertjax.model.layer import is_stacked
 from bertjax.train import build, optim
 from conftest import micro
 

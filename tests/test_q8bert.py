@@ -15,7 +15,7 @@ from bertjax.compress import q8bert
 from bertjax.core import sharding as sh
 from bertjax.finetune import train
 from bertjax.finetune.model import Classifier
-from bertjax.model.encoder import EncoderConfig, QUANT_RANGES
+from bertjax.model.hparams import EncoderConfig, QUANT_RANGES
 from conftest import load_config
 
 CFG = EncoderConfig(vocab_size=30, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,

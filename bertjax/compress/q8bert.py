@@ -36,7 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn, traverse_util
 
-from bertjax.model.encoder import Dense, Embeddings, QUANT_RANGES
+from bertjax.model.embeddings import Embeddings
+from bertjax.model.hparams import QUANT_RANGES
+from bertjax.model.layers import Dense
 
 BITS = 8  # QuantizationConfig weight_bits / activation_bits
 BIAS_BITS = 32  # QuantizedLinear.accumulation_bits: the bias at inference

@@ -99,7 +99,9 @@ def defaults() -> ml_collections.ConfigDict:
       # GPU, splash on TPU, xla on CPU; fused kernels need attention_dropout=0, else auto keeps xla.
       attention="auto",
       head_size=0,  # width of one attention head; 0: hidden_size / num_heads (a head-pruned model sets it)
-      # ModernBERT-class encoders (docs/modernbert.md); these defaults are BERT's.
+      # Kinds of the encoder's parts (bertjax.model.kinds; docs/layout.md adds one); these defaults are BERT's.
+      attention_kind="mha",  # mha (multi-head dot-product, global or local per layer) | a registered kind
+      # ModernBERT-class encoders (docs/modernbert.md).
       position="learned",  # learned (absolute table) | rope (rotary positions from position_ids, no table)
       rope_theta=160_000.0,  # RoPE base of global-attention layers
       local_rope_theta=10_000.0,  # RoPE base of local (sliding-window) layers
@@ -111,7 +113,7 @@ def defaults() -> ml_collections.ConfigDict:
       layer_types="",  # explicit per-layer pattern overriding global_every: "global,local,local,..."
       init="bert",  # bert (truncated normal init_std) | modernbert (output projections' std / sqrt(2 x layers))
       # Dense weight gradients: xla (autodiff) | transposed (x^T materialized first, so XLA:CPU's YNNPACK takes
-      # them; bertjax.model.encoder.matmul_pretransposed). Same gradients; a CPU speed switch (docs/cpu.md).
+      # them; bertjax.model.layers.matmul_pretransposed). Same gradients; a CPU speed switch (docs/cpu.md).
       dense_grad="xla",
   )
   # Objectives: name -> weight; 0 switches one off.

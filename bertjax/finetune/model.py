@@ -14,7 +14,11 @@ from flax import linen as nn
 
 from bertjax.core import sharding as sh
 from bertjax.core.errors import UserError
-from bertjax.model.encoder import activation, dense, Embeddings, Encoder, EncoderConfig, layer_norm, token_dropout
+from bertjax.model.dropout import token_dropout
+from bertjax.model.embeddings import Embeddings
+from bertjax.model.encoder import Encoder
+from bertjax.model.hparams import EncoderConfig
+from bertjax.model.layers import activation, dense, layer_norm
 
 
 HEADS = ("pooler", "electra", "roberta", "modernbert", "distilbert")

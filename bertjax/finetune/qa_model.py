@@ -11,7 +11,10 @@ from flax import linen as nn
 
 from bertjax.core import sharding as sh
 from bertjax.core.errors import UserError
-from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig, activation, dense
+from bertjax.model.embeddings import Embeddings
+from bertjax.model.encoder import Encoder
+from bertjax.model.hparams import EncoderConfig
+from bertjax.model.layers import activation, dense
 
 ANSWERABLE_HIDDEN = 512  # google-research/electra qa_tasks.py: dense(512, gelu) before the answerable logit
 ANSWERABLE_WEIGHT = 0.5  # electra configure_finetuning.py answerable_weight

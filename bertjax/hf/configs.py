@@ -4,7 +4,7 @@ hf.modernbert)."""
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
 from bertjax.hf import modernbert
-from bertjax.model import config as model_config
+from bertjax.model import config as model_config, kinds
 
 FAMILIES = ("bert", "roberta", "albert", "electra", "modernbert", "distilbert")
 # HF hidden_act -> bertjax model.activation (gelu_pytorch_tanh is the same tanh approximation).
@@ -128,8 +128,9 @@ def family_for(config) -> str:
   m, objectives = config.model, config_lib.active_objectives(config)
   if "rtd" in objectives:
     return "electra"
-  if m.position == "rope" or m.norm == "pre" or m.ffn == "geglu":
-    return "modernbert"
+  wanted = kinds.hf_family(m)  # the family the encoder's kinds demand (rope, pre-norm, GeGLU: ModernBERT)
+  if wanted:
+    return wanted
   if m.type_vocab_size == 0:  # no segment embeddings: DistilBERT's shape
     return "distilbert"
   if m.position_offset:

@@ -16,7 +16,7 @@ import numpy as np
 
 from bertjax.core.errors import UserError
 from bertjax.hf import convert, tokenizers as hf_tokenizers, workdir as wd
-from bertjax.model.encoder import sown_by_layers
+from bertjax.model.layer import sown_by_layers
 from bertjax.train import build
 
 

@@ -4,8 +4,9 @@ import jax
 
 from bertjax.core import config as config_lib
 from bertjax.core.config import check, DTYPES
-from bertjax.model import attention as attention_lib
-from bertjax.model.encoder import DENSE_GRADS, EncoderConfig, REMAT_POLICIES, SHARING_MODES
+from bertjax.model import attention as attention_lib, kinds, layer  # noqa: F401  (layer: the built-in kinds)
+from bertjax.model.hparams import EncoderConfig, REMAT_POLICIES, SHARING_MODES
+from bertjax.model.layers import DENSE_GRADS
 
 
 def encoder_config(m, generator: bool = False, platform: str | None = None) -> EncoderConfig:
@@ -26,10 +27,8 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       activation=m.activation, position_offset=m.position_offset, attention=impl, head_size=m.head_size,
       position=m.position, rope_theta=m.rope_theta, local_rope_theta=m.local_rope_theta, ffn=m.ffn, norm=m.norm,
       use_bias=m.use_bias, local_layers=local_layers(m), local_window=m.local_window, init=m.init,
+      attention_kind=m.attention_kind,
       dense_grad=dense_grad(m.get("dense_grad", "xla"), platform or jax.default_backend()))
-
-
-LAYER_TYPES = ("global", "local")
 
 
 def local_layers(m) -> tuple:
@@ -47,7 +46,7 @@ def scan_unroll(value: int, num_layers: int, platform: str) -> int:
   """model.scan_unroll resolved on a platform: 0 (automatic) runs every layer unrolled on the CPU, where a
   rolled loop's saved activations are copied into [layers, ...] buffers and back (BERT-base's train step
   351 -> 371 tokens/s unrolled, docs/cpu.md), and leaves the choice to the encoder elsewhere (up to
-  encoder.UNROLL_MAX_LAYERS layers unrolled, else rolled: compile time flat in depth)."""
+  hparams.UNROLL_MAX_LAYERS layers unrolled, else rolled: compile time flat in depth)."""
   return num_layers if value == 0 and platform == "cpu" else value
 
 
@@ -78,25 +77,10 @@ def validate(config):
 
 
 def _validate_modern(m):
-  """The ModernBERT-class options: their names, and a pattern of local layers that fits the model."""
-  check(m.position in ("learned", "rope"), f"model.position={m.position!r}; use learned or rope")
-  check(m.ffn in ("mlp", "geglu"), f"model.ffn={m.ffn!r}; use mlp or geglu")
-  check(m.norm in ("post", "pre"), f"model.norm={m.norm!r}; use post or pre")
+  """The kinds of the encoder's parts (bertjax.model.kinds: each family's key names a registered kind, and each
+  kind checks its own options: rope's head width, the pattern of local layers) and the init scheme."""
+  kinds.check(m)
   check(m.init in ("bert", "modernbert"), f"model.init={m.init!r}; use bert or modernbert")
-  check(m.position == "learned" or (m.head_size or m.hidden_size // m.num_heads) % 2 == 0,
-        "model.position=rope rotates pairs of a head's dimensions; use an even head width")
-  check(m.position == "learned" or (m.rope_theta > 0 and m.local_rope_theta > 0),
-        f"model.rope_theta={m.rope_theta} and model.local_rope_theta={m.local_rope_theta} must be positive")
-  check(m.local_window >= 0 and m.global_every >= 1,
-        f"model.local_window={m.local_window} must be >= 0 and model.global_every={m.global_every} >= 1")
-  if m.layer_types:
-    kinds = [t.strip() for t in m.layer_types.split(",")]
-    bad = [t for t in kinds if t not in LAYER_TYPES]
-    check(not bad, f"model.layer_types has {bad[0]!r}; use a comma-separated list of global and local")
-    check(len(kinds) == m.num_layers, f"model.layer_types names {len(kinds)} layers but model.num_layers="
-          f"{m.num_layers}; give one type per layer")
-    check(m.local_window > 0 or "local" not in kinds,
-          "model.layer_types has local layers but model.local_window=0; set --config.model.local_window")
 
 
 def validate_attention(config):

@@ -18,7 +18,9 @@ import numpy as np
 from flax import linen as nn
 
 from bertjax.core import sharding as sh
-from bertjax.model.encoder import dense, EncoderConfig, sown_by_layers
+from bertjax.model.hparams import EncoderConfig
+from bertjax.model.layer import sown_by_layers
+from bertjax.model.layers import dense
 from bertjax.model.pretrain import Pretrainer
 
 

@@ -1,21 +1,23 @@
 """Analytic training FLOPs per token (forward + backward = 3x forward), shared by summary and bench.
 
-Counts matrix multiplies only (2 FLOPs per multiply-add), as MFU conventions do: per layer the four
-attention projections, QK^T and PV over the sequence, and the FFN; the E->H projection; the MLM head on
+Counts matrix multiplies only (2 FLOPs per multiply-add), as MFU conventions do: per layer what its kinds count
+(bertjax.model.kinds: mha's four projections, and QK^T and PV over the keys a query sees, the whole row on a
+global layer and the window on a local one; the FFN kind's matmuls); the E->H projection; the MLM head on
 the `max_predictions` gathered positions only; the RTD/sentence heads; SpanBERT's SBO head on the same
 positions; StructBERT's shuffled positions through the MLM head. ALBERT sharing changes none of it.
 """
 
-from bertjax.model.encoder import EncoderConfig
+from bertjax.model import kinds, layer  # noqa: F401  (layer: the built-in kinds)
+from bertjax.model.hparams import EncoderConfig
 
 
 def encoder_forward_flops(c: EncoderConfig, seq_len: int) -> float:
-  """Forward FLOPs per token of one encoder."""
-  h, f = c.hidden_size, c.intermediate_size
-  ffn = 3 * h * f if c.ffn == "geglu" else 2 * h * f  # GeGLU: input and gate projections, then the output
-  per_layer = 2 * (4 * h * h + ffn) + 2 * 2 * seq_len * h  # projections + FFN + scores/values
-  proj = 2 * c.embedding_size * h if c.embedding_size != h else 0
-  return c.num_layers * per_layer + proj
+  """Forward FLOPs per token of one encoder: each layer's attention and FFN as their kinds count them (a local
+  attention layer over the keys in its window), the position kind's own, and the E->H projection."""
+  attention, ffn, position = (kinds.of(c, f) for f in ("attention", "ffn", "position"))
+  layers = sum(attention.forward_flops(c, seq_len, i) + ffn.forward_flops(c) for i in range(c.num_layers))
+  proj = 2 * c.embedding_size * c.hidden_size if c.embedding_size != c.hidden_size else 0
+  return layers + position.forward_flops(c) + proj
 
 
 def mlm_head_forward_flops(c: EncoderConfig, seq_len: int, max_predictions: int) -> float:

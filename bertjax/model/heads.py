@@ -5,7 +5,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bertjax.core import sharding as sh
-from bertjax.model.encoder import _init, _zeros, activation, dense, EncoderConfig, layer_norm
+from bertjax.model.hparams import EncoderConfig
+from bertjax.model.layers import activation, dense, kernel_init, layer_norm, zeros_init
 
 # SpanBERT's SBO head (facebookresearch/SpanBERT pretraining/fairseq/models/pair_bert.py,
 # BertPairTargetPredictionHead(max_targets=args.max_pair_targets, position_embedding_size=200)): a
@@ -33,7 +34,7 @@ class MLMHead(nn.Module):
     x = gather_positions(hidden, positions)
     x = dense(c, c.hidden_size, c.embedding_size, (sh.EMBED, None), "transform", c.use_bias, out=True)(x)
     x = layer_norm(c, "ln", names=(None,))(activation(c, x))
-    bias = self.param("bias", _zeros((sh.VOCAB,)), (c.vocab_size,))  # kept without use_bias (ModernBERT's decoder_bias)
+    bias = self.param("bias", zeros_init((sh.VOCAB,)), (c.vocab_size,))  # kept without use_bias (ModernBERT's decoder_bias)
     # Decoder in the compute dtype, logits and loss in float32.
     return embeddings.attend(x.astype(c.dtype)).astype(jnp.float32) + bias
 
@@ -65,14 +66,14 @@ class SBOHead(nn.Module):
     """hidden [B, S, H]; left, right [B, P] boundary positions; offset [B, P] the 0-based position of the
     target in its span (clipped to the table). Returns float32 logits [B, P, V]."""
     c = self.cfg
-    table = self.param("position", _init(c, (None, None)), (SBO_MAX_TARGETS, SBO_POSITION_SIZE))
+    table = self.param("position", kernel_init(c, (None, None)), (SBO_MAX_TARGETS, SBO_POSITION_SIZE))
     pos = jnp.take(table, jnp.clip(offset, 0, SBO_MAX_TARGETS - 1), axis=0).astype(c.dtype)
     x = jnp.concatenate([gather_positions(hidden, left), gather_positions(hidden, right), pos], axis=-1)
     x = dense(c, 2 * c.hidden_size + SBO_POSITION_SIZE, c.hidden_size, (None, sh.EMBED), "dense1")(x)
     x = layer_norm(c, "ln1")(activation(c, x))
     x = dense(c, c.hidden_size, c.embedding_size, (sh.EMBED, None), "dense2")(x)
     x = layer_norm(c, "ln2", names=(None,))(activation(c, x))
-    bias = self.param("bias", _zeros((sh.VOCAB,)), (c.vocab_size,))
+    bias = self.param("bias", zeros_init((sh.VOCAB,)), (c.vocab_size,))
     return embeddings.attend(x.astype(c.dtype)).astype(jnp.float32) + bias
 
 

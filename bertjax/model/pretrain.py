@@ -14,7 +14,9 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bertjax.model import flops
-from bertjax.model.encoder import Embeddings, Encoder, EncoderConfig
+from bertjax.model.embeddings import Embeddings
+from bertjax.model.encoder import Encoder
+from bertjax.model.hparams import EncoderConfig
 from bertjax.model.heads import MLMHead, RTDHead, SBOHead, SentenceHead
 
 

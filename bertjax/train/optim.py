@@ -49,7 +49,7 @@ import optax
 
 from bertjax.core import config as config_lib
 from bertjax.core.config import check
-from bertjax.model.encoder import is_stacked
+from bertjax.model.layer import is_stacked
 
 _NO_DECAY = ("bias", "scale")  # LayerNorm scale/bias and every bias: BERT's ["LayerNorm", "layer_norm", "bias"]
 SCHEDULES = ("linear", "linear_after_warmup", "electra", "cosine", "poly_sqrt", "wsd")

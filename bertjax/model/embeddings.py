@@ -1,0 +1,44 @@
+"""The input embeddings: word + position (as the position kind adds it) + segment tables, LayerNorm and dropout,
+at width E (ALBERT's factorized E; the encoder projects to H)."""
+
+import jax.numpy as jnp
+from flax import linen as nn
+
+from bertjax.core import sharding as sh
+from bertjax.model import kinds
+from bertjax.model.dropout import token_dropout
+from bertjax.model.hparams import EncoderConfig
+from bertjax.model.layers import kernel_init, layer_norm, tokens_matmul
+
+
+class Embeddings(nn.Module):
+  """Token + position (the position kind's table, if any) + segment embeddings, LayerNorm and dropout, width E."""
+
+  cfg: EncoderConfig
+
+  def setup(self):
+    c = self.cfg
+    self.word = self.param("word", kernel_init(c, (sh.VOCAB, sh.EMBED)), (c.vocab_size, c.embedding_size))
+    self.position = kinds.of(c, "position").table(self, c)  # None: positions enter the attention layers
+    if c.type_vocab_size:  # 0: no segment embeddings (DistilBERT)
+      self.type = self.param("type", kernel_init(c, (None, sh.EMBED)), (c.type_vocab_size, c.embedding_size))
+    self.ln = layer_norm(c, "ln")
+    self.drop = token_dropout(c, c.dropout)
+
+  def __call__(self, input_ids, type_ids, deterministic: bool, position_ids=None):
+    """position_ids [B, S] restart the positions of packed examples; default 0..S-1 (+ offset)."""
+    word, position, type_table = self.tables()
+    x = jnp.take(word, input_ids, axis=0)
+    pos = kinds.of(self.cfg, "position").embed(self.cfg, position, input_ids.shape[1], position_ids)
+    x = x + pos + (jnp.take(type_table, type_ids, axis=0) if self.cfg.type_vocab_size else 0)
+    x = self.drop(self.ln(x), deterministic=deterministic)
+    return x.astype(self.cfg.dtype)
+
+  def tables(self):
+    """(word, position or None, segment or None) tables as the lookups read them: a method of its own so that a
+    quantizer can intercept it (flax nn.intercept_methods; bertjax.compress.q8bert)."""
+    return self.word, self.position, (self.type if self.cfg.type_vocab_size else None)
+
+  def attend(self, x):
+    """Logits against the word embeddings: the MLM decoder tied to the input embeddings."""
+    return tokens_matmul(x, self.word.astype(x.dtype).T, 1, grad=self.cfg.dense_grad)

@@ -1,0 +1,131 @@
+"""The `mha` attention kind: multi-head scaled dot-product self-attention (BERT's), with its implementations
+(bertjax.model.attention: xla, dot_product, cudnn, splash) and ModernBERT's per-layer pattern of global and
+local (sliding-window) layers.
+
+The kind answers what the encoder asks an attention kind: the block (a flax module, `block`), what every layer's
+attention takes besides its input (`mask`, from the rows' groups), whether a layer can compute only some query
+positions (`computes_rows`), and its FLOPs per token (`forward_flops`: a local layer counts the keys inside its
+window, not the whole row).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from bertjax.core import sharding as sh
+from bertjax.core.config import check
+from bertjax.model import attention as attention_lib
+from bertjax.model import kinds
+from bertjax.model.dropout import token_dropout
+from bertjax.model.layers import Block, dense, rows_at
+
+LAYER_TYPES = ("global", "local")
+
+
+class MultiHeadAttention(Block):
+  """Multi-head self-attention with the residual and norm its norm kind places (post: LN(x + attention);
+  pre: the block's output alone, the layer adds it to the residual stream)."""
+
+  @nn.compact
+  def __call__(self, x, mask, head_gates=None, positions=None, layer_index=0, at=None):
+    """`x`: the norm kind's attention input [B, S, E]. `mask`: what `MHA.mask` made (the additive bias
+    [B, 1, S, S] for the xla implementation, the groups [B, S] for a fused one). `head_gates`: optional [heads]
+    of this layer (bertjax.compress.prune). `positions`: the position kind's tables for the encoder. `layer_index`:
+    this layer's index (traced inside the layer scan). `at`: optional [B, K] positions, the only queries computed
+    (xla implementation): the output is [B, K, E], keys and values still come from every position."""
+    c = self.cfg
+    local = layer_is_local(c, layer_index)
+    position = kinds.of(c, "position")
+    proj = lambda n: dense(c, c.hidden_size, (c.num_heads, c.head_dim), (sh.EMBED, sh.HEADS, sh.KV), n, c.use_bias)
+    xq = x if at is None else rows_at(x, at)
+    q, k, v = proj("query")(xq), proj("key")(x), proj("value")(x)
+    q, k = position.rotate(q, k, position.for_layer(positions, local), at)
+    if c.attention == "xla":
+      if local is not False:  # keys further than the half window away are masked on local layers
+        mask = mask + attention_lib.window_bias(x.shape[1], c.half_window, local)
+      if at is not None:  # the queries' rows of the [B, 1, S, S] bias
+        mask = jnp.take_along_axis(mask, at[:, None, :, None], axis=2)
+      # Scores, mask and softmax in float32: bf16 softmax loses the small probabilities.
+      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+      probs = jax.nn.softmax(scores * c.head_dim**-0.5 + mask, axis=-1)
+      # Kept only when the caller asks for the "intermediates" collection (inference's attention maps);
+      # otherwise sow does nothing.
+      self.sow("intermediates", "attention_probs", probs)
+      probs = token_dropout(c, c.attention_dropout, (2, 3))(probs, deterministic=self.deterministic)
+      ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
+    else:  # a fused kernel: no [B, H, S, S] array, no attention dropout (config validation sees to it)
+      assert at is None, "query positions need the xla implementation (Encoder falls back to every position)"
+      ctx = attention_lib.fused(c.attention, q, k, v, mask, c.head_dim**-0.5, local=local,
+                                half_window=c.half_window).astype(c.dtype)
+    if head_gates is not None:  # 0 removes a head exactly (its context never reaches the output projection)
+      ctx = ctx * head_gates.astype(ctx.dtype)[:, None]
+    out = dense(c, (c.num_heads, c.head_dim), c.hidden_size, (sh.HEADS, sh.KV, sh.EMBED), "output", c.use_bias,
+                out=True)(ctx)
+    out = token_dropout(c, c.dropout)(out, deterministic=self.deterministic)
+    return kinds.of(c, "norm").attention_output(c, xq, out)
+
+  @staticmethod
+  def init_args(c, x):
+    """Arguments that initialize the block alone (ALBERT's shared blocks): an all-zero bias."""
+    return (x, jnp.zeros((1, 1, 1, 1), jnp.float32))
+
+
+def layer_is_local(c, layer_index):
+  """Whether a layer uses sliding-window attention: a Python bool when every layer is alike, else a traced
+  bool read from the per-layer pattern at the scanned layer index."""
+  if not any(c.local_layers):
+    return False
+  if all(c.local_layers):
+    return True
+  return jnp.asarray(c.local_layers, bool)[layer_index]
+
+
+def attention_bias(groups):
+  """Additive attention bias [B, 1, S, S]: a token attends to tokens of its own nonzero group.
+
+  `groups` is [B, S] int: 0 for padding, and for packed inputs a distinct id per packed example, so that
+  attention never crosses examples; an unpacked input passes its padding mask (1 = real token).
+  """
+  allowed = (groups[:, :, None] == groups[:, None, :]) & (groups[:, None, :] > 0)
+  return jnp.where(allowed, 0.0, -1e9).astype(jnp.float32)[:, None]
+
+
+def keys_per_query(seq_len: int, half_window: int) -> float:
+  """Mean number of keys a query of a sliding-window layer sees over a row of `seq_len` (|q - k| <= half_window,
+  fewer at the row's ends)."""
+  q = np.arange(seq_len)
+  return float((np.minimum(q + half_window, seq_len - 1) - np.maximum(q - half_window, 0) + 1).mean())
+
+
+@kinds.register("attention", "mha")
+class MHA(kinds.Kind):
+  """Multi-head scaled dot-product self-attention, global or sliding-window per layer."""
+
+  block = MultiHeadAttention
+  computes_rows = True  # the xla implementation computes only the queries asked for (Encoder.split_stack)
+
+  def check(self, m):
+    check(m.local_window >= 0 and m.global_every >= 1,
+          f"model.local_window={m.local_window} must be >= 0 and model.global_every={m.global_every} >= 1")
+    if m.layer_types:
+      types = [t.strip() for t in m.layer_types.split(",")]
+      bad = [t for t in types if t not in LAYER_TYPES]
+      check(not bad, f"model.layer_types has {bad[0]!r}; use a comma-separated list of global and local")
+      check(len(types) == m.num_layers, f"model.layer_types names {len(types)} layers but model.num_layers="
+            f"{m.num_layers}; give one type per layer")
+      check(m.local_window > 0 or "local" not in types,
+            "model.layer_types has local layers but model.local_window=0; set --config.model.local_window")
+
+  def mask(self, c, groups):
+    """What every layer's attention takes: the additive bias for the xla implementation, the groups themselves
+    (read as segment ids) for a fused kernel."""
+    return attention_bias(groups) if c.attention == "xla" else groups
+
+  def forward_flops(self, c, seq_len: int, layer: int) -> float:
+    """Forward matmul FLOPs per token of layer `layer`'s attention: the four projections, then scores and
+    values over the keys a query sees (its window on a local layer)."""
+    inner = c.num_heads * c.head_dim
+    local = bool(c.local_layers) and c.local_layers[layer]
+    keys = keys_per_query(seq_len, c.half_window) if local else seq_len
+    return 2 * 4 * c.hidden_size * inner + 2 * 2 * keys * inner
