@@ -71,8 +71,9 @@ def synthetic_batch(config, batch_size: int, seed: int = 0) -> dict:
   )
 
 
-def setup(config, batch_size: int = 0) -> Bench:
-  """The loop's jitted steps for `config` at a global batch of `batch_size` (0: the config's)."""
+def setup(config, batch_size: int = 0, batch: dict | None = None) -> Bench:
+  """The loop's jitted steps for `config` at a global batch of `batch_size` (0: the config's), fed `batch` (a
+  host batch of that shape, e.g. packed rows with position_ids) or else `synthetic_batch`."""
   config = config.copy_and_resolve_references()
   config.batch_size = batch_size or config.batch_size
   build.validate(config)
@@ -83,7 +84,8 @@ def setup(config, batch_size: int = 0) -> Bench:
                     f"(x grad_accum_steps={config.grad_accum_steps}); use a multiple of {multiple}")
   mesh = sharding.make_mesh(config.sharding, overrides=dict(config.mesh))
   steps = build.make_steps(config, mesh, SPM_SPECIAL, build.placeholder_counts(config))
-  batch = jax.device_put(synthetic_batch(config, config.batch_size), steps.batch_sharding)
+  batch = synthetic_batch(config, config.batch_size) if batch is None else batch
+  batch = jax.device_put(batch, steps.batch_sharding)
   fpt = flops.model_train_flops_per_token(steps.model, config.seq_len, steps.cfg.masking.max_predictions,
                                           steps.cfg.masking.max_shuffled)
   return Bench(steps, batch, config.batch_size, config.seq_len, fpt)
@@ -204,17 +206,20 @@ class Job:
   result), a starting state, tokens per step, compile seconds, the optimized HLO and `scalars(state)`: the
   numbers compared across settings for numerics (loss and gradient norm of the last step)."""
 
-  def __init__(self, run, state, tokens: int, compile_seconds: float, hlo: str, scalars, peak_memory: int = 0):
+  def __init__(self, run, state, tokens: int, compile_seconds: float, hlo: str, scalars, peak_memory: int = 0,
+               flops_per_token: float = 0.0):
     self.run, self.state, self.tokens, self.compile_seconds, self.hlo, self.scalars = (
         run, state, tokens, compile_seconds, hlo, scalars)
     self.peak_memory = peak_memory  # bytes (bench.peak_memory), 0 if unknown
+    self.flops_per_token = flops_per_token  # analytic training FLOPs per token (Bench.flops_per_token)
 
 
-def pretrain_job(config, batch_size: int = 0) -> Job:
-  """The loop's train step for `config` (`setup`), as a Job: its scalars are the step's loss and grad_norm."""
+def pretrain_job(config, batch_size: int = 0, batch: dict | None = None) -> Job:
+  """The loop's train step for `config` (`setup`, on `batch` if given), as a Job: its scalars are the step's loss
+  and grad_norm."""
   from bertjax.core import metrics as metrics_lib
 
-  bench = setup(config, batch_size)
+  bench = setup(config, batch_size, batch)
   compiled, seconds = compile_step(bench)
   out = {}
 
@@ -228,7 +233,7 @@ def pretrain_job(config, batch_size: int = 0) -> Job:
     return dict(loss=float(m["loss"]), grad_norm=float(m["grad_norm"]))
 
   return Job(run, bench.steps.init(jax.random.key(config.seed)), bench.batch_size * bench.seq_len, seconds,
-             compiled.as_text(), scalars, peak_memory(compiled)[0])
+             compiled.as_text(), scalars, peak_memory(compiled)[0], bench.flops_per_token)
 
 
 def _step_worker(conn, make, args):
