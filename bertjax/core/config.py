@@ -53,6 +53,7 @@ def defaults() -> ml_collections.ConfigDict:
       dupe_factor=5,  # passes over the corpus with different pairings
       cache_dir="",  # where sources other than shards: are prepared once; empty: $BERTJAX_CACHE or ~/.cache/bertjax
       prepare_workers=0,  # processes preparing a source into the cache (0: in this one; big corpora: bertjax.data.prepare)
+      prepare_wait_s=86400.0,  # how long a process waits for another (process 0) to prepare a cache entry
       # Shard files are checked against metadata.json before training reads them: size (always), and sha256:
       # first (once per file state, recorded in the cache) | full (every start) | size (never).
       verify="first",

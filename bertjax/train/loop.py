@@ -84,8 +84,9 @@ def manifest(config, tokenizer, mesh, model: Pretrainer) -> dict:
               mesh=dict(mesh.shape), networks=model.networks)
 
 
-# Nested keys that may change too: how hard to check the data, and the watchdog's patience.
-RESUMABLE_NESTED = (("data", "verify"), ("runtime", "step_timeout_s"))
+# Nested keys that may change too: how hard to check the data, how long to wait for its preparation, and the
+# watchdog's patience.
+RESUMABLE_NESTED = (("data", "verify"), ("data", "prepare_wait_s"), ("runtime", "step_timeout_s"))
 
 
 def _comparable(config_dict: dict) -> dict:
@@ -255,7 +256,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
 
   # ---------------------------------------------------------------- Data (every phase's: a bad input fails now)
   t0 = time.time()
-  datasets = {seq_len: pipeline.build(c) for seq_len, c in config_lib.configs_by_seq_len(config).items()}
+  # One process prepares a cache entry (process 0 where the cache is shared), the others wait for it.
+  datasets = {seq_len: pipeline.build(c, proc) for seq_len, c in config_lib.configs_by_seq_len(config).items()}
   if os.environ.get("BERTJAX_TRACE_ROWS"):  # debug: log the rows this process reads (tests/test_multihost.py)
     datasets = {k: pipeline.traced(d, os.environ["BERTJAX_TRACE_ROWS"], proc) for k, d in datasets.items()}
   tok = datasets[plan[0].config.seq_len].tokenizer
