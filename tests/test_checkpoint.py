@@ -175,6 +175,55 @@ def test_a_run_saved_before_a_config_key_existed_still_resumes(tmp_path):
     loop.check_workdir(c, str(tmp_path))
 
 
+def _saved_before_the_optimizer_switches(c, workdir):
+  """Writes workdir/config.json as bertjax wrote it before optimizer.bias_correction and decay_mask (7e491a3)."""
+  import json
+
+  saved = json.loads(c.to_json())
+  del saved["optimizer"]["bias_correction"], saved["optimizer"]["decay_mask"]
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(saved, f)
+
+
+def test_a_run_saved_before_the_optimizer_switches_resumes_as_it_ran(tmp_path):
+  """Before the switches, adamw was optax's (bias-corrected), lamb ALBERT's (uncorrected), and both left biases
+  and LayerNorm undecayed: an old workdir reads with those values, not today's defaults, so it is the same
+  config and resumes with the rule it ran; a config that now names another rule takes the old one."""
+  lamb = micro(**{"optimizer.name": "lamb", "optimizer.bias_correction": False})
+  _saved_before_the_optimizer_switches(lamb, tmp_path / "lamb")
+  assert loop.check_workdir(lamb, str(tmp_path / "lamb")) is False  # not "another config"
+  assert loop.resumed_config(lamb, str(tmp_path / "lamb")).optimizer.bias_correction is False
+
+  # Today's BERT recipe says uncorrected with fairseq's mask; the old run was corrected with BERT's mask.
+  adamw = micro(**{"optimizer.bias_correction": False, "optimizer.decay_mask": "all"})
+  _saved_before_the_optimizer_switches(adamw, tmp_path / "adamw")
+  resumed = loop.resumed_config(adamw, str(tmp_path / "adamw"))
+  assert (resumed.optimizer.bias_correction, resumed.optimizer.decay_mask) == (True, "bert")
+  assert loop.check_workdir(resumed, str(tmp_path / "adamw")) is False
+  other = micro(seed=7, **{"optimizer.bias_correction": False, "optimizer.decay_mask": "all"})
+  assert loop.resumed_config(other, str(tmp_path / "adamw")) is other  # another run: nothing taken over
+  with pytest.raises(UserError, match="differs in optimizer, seed"):
+    loop.check_workdir(other, str(tmp_path / "adamw"))
+
+
+@pytest.mark.slow  # ~16 s: two short runs
+def test_an_old_lamb_run_resumes_with_its_own_rule(tmp_path, capsys):
+  """A LAMB workdir written before optimizer.bias_correction (uncorrected, ALBERT's) with its step-2 checkpoint,
+  resumed with today's default (corrected): it resumes, with a note, and ends bit-identical to the run never
+  interrupted."""
+  kw = {"optimizer.name": "lamb", "total_steps": 3, "checkpoint_every": 2, "log_every": 1, "eval_every": 3}
+  whole = micro(**kw, **{"optimizer.bias_correction": False})
+  loop.train_and_evaluate(whole, str(tmp_path / "whole"))
+  shutil.copytree(tmp_path / "whole", tmp_path / "old")
+  shutil.rmtree(tmp_path / "old" / "checkpoints" / "3")  # as if it stopped after its step-2 save
+  _saved_before_the_optimizer_switches(whole, tmp_path / "old")
+  state = loop.train_and_evaluate(micro(**kw), str(tmp_path / "old"))
+  assert int(state.step) == 3 and "predates optimizer.bias_correction and ran with False" in capsys.readouterr().err
+  for x, y in zip(jax.tree.leaves(_params(tmp_path / "whole", 3)), jax.tree.leaves(_params(tmp_path / "old", 3))):
+    np.testing.assert_array_equal(x, y)
+
+
 @pytest.mark.slow  # 11-19 s cold: the normal tier keeps under 8 minutes on 2 cores
 def test_init_from_loads_weights_only(tmp_path):
   c = micro(total_steps=3, checkpoint_every=3, log_every=3, eval_every=3)

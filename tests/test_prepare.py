@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bertjax.core.errors import UserError
-from bertjax.data import instances, pipeline, prepare_lib, shards, sources
+from bertjax.data import cache_entry, instances, pipeline, prepare_lib, shards, sources
 from bertjax.data.tokenizer import SpecialIds
 from bertjax.train import loop
 from conftest import MICRO_FLAGS, REPO, micro
@@ -279,7 +279,7 @@ def test_cache_entries_appear_whole_or_not_at_all(tmp_path):
     raise RuntimeError("killed")
 
   with pytest.raises(RuntimeError):
-    pipeline._once(final, crash)
+    cache_entry.once(final, crash)
   assert os.listdir(tmp_path) == []
 
   def lose_the_race(tmp):  # another process renames its copy into place while this one prepares
@@ -287,7 +287,7 @@ def test_cache_entries_appear_whole_or_not_at_all(tmp_path):
     open(os.path.join(final, "winner"), "w").close()
     open(os.path.join(tmp, "loser"), "w").close()
 
-  assert pipeline._once(final, lose_the_race) == final
+  assert cache_entry.once(final, lose_the_race) == final
   assert os.listdir(tmp_path) == ["shards-k"] and os.listdir(final) == ["winner"]
 
 
@@ -407,3 +407,85 @@ def test_cli_prints_the_summary_and_refuses_to_overwrite(corpus, tmp_path):
   assert "documents too short for a pair" in done.stdout
   again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert again.returncode == 2 and again.stderr.startswith("error: ") and "--overwrite" in again.stderr
+
+
+# --- one preparer per cache entry ------------------------------------------------------------------------
+
+_PREPARE_SCRIPT = """
+import os, sys, time
+sys.path.insert(0, {repo!r})
+from bertjax.core import config as config_lib
+from bertjax.data import pipeline, prepare_lib
+index, root = int(sys.argv[1]), {root!r}
+c = config_lib.load(os.path.join({repo!r}, "configs/bert.py:tiny"))
+c.data.source, c.data.tokenizer, c.data.cache_dir = "text:" + os.path.join(root, "corpus.txt"), "wordpiece:" + os.path.join(root, "vocab.txt"), os.path.join(root, "cache")
+c.model.vocab_size, c.seq_len, c.data.dupe_factor = {vocab_size}, 64, 1
+make = prepare_lib.prepare
+def slow_prepare(*args, **kwargs):  # long enough that the others are still waiting
+  time.sleep(1)
+  return make(*args, **kwargs)
+prepare_lib.prepare = slow_prepare
+open(os.path.join(root, f"ready-{{index}}"), "w").close()
+while not all(os.path.exists(os.path.join(root, f"ready-{{i}}")) for i in range(3)):  # start together
+  time.sleep(0.05)
+print(pipeline.prepared(c, process_index=index))
+"""
+
+
+def test_one_process_prepares_a_cache_entry_and_the_others_wait_for_it(tmp_path):
+  """Three processes of one run (process_index 0, 1, 2) ask for the same cache entry at once: process 0
+  prepares it (the only "data: preparing" line), 1 and 2 wait for it, and all three get the same entry."""
+  words = "the cat sat on a mat and then it ran home dog was big bird small".split()
+  rng = np.random.default_rng(0)
+  (tmp_path / "corpus.txt").write_text("\n\n".join(
+      "\n".join(" ".join(rng.choice(words, 8)) + "." for _ in range(4)) for _ in range(20)) + "\n")
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *words]
+  (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  script = _PREPARE_SCRIPT.format(repo=REPO, root=str(tmp_path), vocab_size=len(vocab))
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  procs = [subprocess.Popen([sys.executable, "-c", script, str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env) for i in range(3)]
+  outs = [p.communicate(timeout=120) for p in procs]
+  assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+  entries = {out.strip() for out, _ in outs}
+  assert len(entries) == 1 and os.path.isfile(os.path.join(entries.pop(), shards.METADATA))
+  preparing = [i for i, (_, err) in enumerate(outs) for line in err.splitlines() if line.startswith("data: preparing")]
+  assert preparing == [0], [err for _, err in outs]
+  assert all("waits for process 0" in err for _, err in outs[1:]), [err for _, err in outs]
+  left = os.listdir(tmp_path / "cache")
+  assert len(left) == 1 and left[0].startswith("shards-") and "." not in left[0]  # no claim or temporary left
+
+
+def test_waiting_for_another_process_s_entry_times_out_with_one_line(tmp_path):
+  """A process that waits longer than data.prepare_wait_s says so in one line naming the preparer (process 0,
+  its host and pid), the entry and the fixes."""
+  import json
+  import socket
+
+  final = str(tmp_path / "shards-k")
+  with open(final + ".claim", "w") as f:  # process 0, alive (this test's own pid), preparing
+    json.dump(dict(process=0, host=socket.gethostname(), pid=os.getpid()), f)
+  made = []
+  with pytest.raises(UserError) as e:
+    cache_entry.once(final, made.append, process_index=2, wait_s=0.3, head_start_s=0.1)
+  message = str(e.value)
+  assert "\n" not in message and not made
+  assert f"process 2 waited 0s for process 0 (host {socket.gethostname()}, pid {os.getpid()}) to prepare the " \
+         f"data cache entry {final}" in message
+  assert "--config.data.prepare_wait_s" in message and "shards:DIR" in message
+  # Before process 0 has claimed the entry, the wait names process 0 too.
+  with pytest.raises(UserError, match=r"process 1 waited 0s for process 0 to prepare the data cache entry"):
+    cache_entry.once(str(tmp_path / "shards-j"), made.append, process_index=1, wait_s=0.3, head_start_s=60)
+
+
+def test_an_abandoned_claim_is_taken_over(tmp_path):
+  """A claim whose preparer is gone (killed: a pid of this host that no longer runs) does not block the entry."""
+  import json
+  import socket
+
+  gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  final = str(tmp_path / "shards-k")
+  with open(final + ".claim", "w") as f:
+    json.dump(dict(process=0, host=socket.gethostname(), pid=int(gone.stdout)), f)
+  assert cache_entry.once(final, lambda tmp: open(os.path.join(tmp, "rows"), "w").close(), wait_s=5) == final
+  assert sorted(os.listdir(tmp_path)) == ["shards-k"] and os.listdir(final) == ["rows"]

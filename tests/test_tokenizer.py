@@ -269,3 +269,129 @@ def test_id_out_of_range(vocab_path, sp_tok):
       tok.id_to_token(tok.vocab_size)
     with pytest.raises(IndexError):
       tok.decode([-1])
+
+
+# --- hf:DIR fingerprints ---------------------------------------------------------------------------------
+# Rows, caches and checkpoints are keyed by the fingerprint, so two directories whose tokenizers may give
+# different ids for one text must never share it, and one whose id-changing settings are the same keeps it.
+
+HF_VOCAB = [*SPECIAL_TOKENS, "<unk>", "<s>", "cafe", "café", "Café", "中", "国", "中国", "the", "##s"]
+HF_TEXT = "Café cafés 中国 the"
+
+
+def _hf_dir(path, files: dict):
+  """A checkpoint's tokenizer directory holding `files` (name -> str, or a dict written as JSON)."""
+  import json
+
+  path.mkdir(parents=True, exist_ok=True)
+  for name, content in files.items():
+    (path / name).write_text(content if isinstance(content, str) else json.dumps(content), encoding="utf-8")
+  return path
+
+
+def _vocab_dir(path, config=None, **more):
+  files = {"vocab.txt": "\n".join(HF_VOCAB) + "\n", **more}
+  return _hf_dir(path, files if config is None else {**files, "tokenizer_config.json": config})
+
+
+def test_hf_vocab_txt_fingerprint_covers_every_id_changing_setting(tmp_path):
+  """A bare vocab.txt's ids also depend on tokenizer_config.json (transformers' BertTokenizer reads
+  do_lower_case, strip_accents, tokenize_chinese_chars and the special-token names from it): flipping each gives
+  another fingerprint, and the ids change as BertTokenizer's do; keys that change no id leave it as it was."""
+  base = load_tokenizer(f"hf:{_vocab_dir(tmp_path / 'base')}")
+  flips = {"strip_accents": {"strip_accents": False}, "cased": {"do_lower_case": False},
+           "cased_stripped": {"do_lower_case": False, "strip_accents": True},
+           "chinese": {"tokenize_chinese_chars": False}, "unk": {"unk_token": "<unk>"},
+           "cls": {"cls_token": {"content": "<s>", "lstrip": False}}}
+  toks = {name: load_tokenizer(f"hf:{_vocab_dir(tmp_path / name, config)}") for name, config in flips.items()}
+  # Through special_tokens_map.json too (what older transformers wrote the token names into).
+  toks["unk_map"] = load_tokenizer(f"hf:{_vocab_dir(tmp_path / 'unk_map', None, **{'special_tokens_map.json': {'unk_token': '<unk>'}})}")
+  prints = [base.fingerprint] + [t.fingerprint for t in toks.values()]
+  assert len(set(prints)) == len(prints) - 1  # all new, the two spellings of unk_token agree
+  assert toks["unk"].fingerprint == toks["unk_map"].fingerprint
+  assert _tokens(base, HF_TEXT) == ["cafe", "cafe", "##s", "中", "国", "the"]
+  assert _tokens(toks["strip_accents"], HF_TEXT) == ["café", "café", "##s", "中", "国", "the"]
+  assert _tokens(toks["cased"], HF_TEXT) == ["Café", "café", "##s", "中", "国", "the"]
+  assert _tokens(toks["cased_stripped"], HF_TEXT) == ["[UNK]", "cafe", "##s", "中", "国", "the"]
+  assert _tokens(toks["chinese"], HF_TEXT) == ["cafe", "cafe", "##s", "中国", "the"]
+  assert toks["unk"].special.unk == HF_VOCAB.index("<unk>") and _tokens(toks["unk"], "dog") == ["<unk>"]
+  assert toks["cls"].special.cls == HF_VOCAB.index("<s>")
+  # Nothing that changes ids: the same fingerprint (and BERT's defaults keep `wordpiece:`'s spec and fingerprint).
+  same = {"none": {}, "max_length": {"model_max_length": 512, "tokenizer_class": "BertTokenizer"},
+          "explicit_defaults": {"do_lower_case": True, "strip_accents": True, "tokenize_chinese_chars": True,
+                                "unk_token": "[UNK]", "mask_token": "[MASK]"}}
+  for name, config in same.items():
+    assert load_tokenizer(f"hf:{_vocab_dir(tmp_path / name, config)}").fingerprint == base.fingerprint, name
+  assert base.fingerprint == load_tokenizer(f"wordpiece:{tmp_path / 'base' / 'vocab.txt'}").fingerprint
+  assert toks["cased"].fingerprint == load_tokenizer(f"wordpiece:{tmp_path / 'cased' / 'vocab.txt'}:cased").fingerprint
+  # The tokenizer travels (spec, pickling to data workers) with its settings.
+  for tok in toks.values():
+    for again in (load_tokenizer(tok.spec()), pickle.loads(pickle.dumps(tok))):
+      assert again.fingerprint == tok.fingerprint and _tokens(again, HF_TEXT) == _tokens(tok, HF_TEXT)
+
+
+def test_hf_vocab_txt_settings_survive_prepare(tmp_path):
+  """Shards keep a copy of their tokenizer: one with settings of its own is copied as its directory (hf:), so
+  the copy reads back with the same settings and fingerprint."""
+  from bertjax.core import config as config_lib
+  from bertjax.data import prepare_lib
+
+  tok = load_tokenizer(f"hf:{_vocab_dir(tmp_path / 'src', {'strip_accents': False})}")
+  config = config_lib.defaults()
+  config.model.vocab_size = tok.vocab_size
+  (tmp_path / "shards").mkdir()
+  spec = prepare_lib.prepare_tokenizer(config, None, str(tmp_path / "shards"), f"hf:{tmp_path / 'src'}")
+  copy = load_tokenizer(prepare_lib.absolute_spec(spec, str(tmp_path / "shards")))
+  assert copy.fingerprint == tok.fingerprint and _tokens(copy, "Café") == _tokens(tok, "Café") == ["café"]
+
+
+def test_hf_vocab_txt_refuses_what_it_cannot_carry(tmp_path):
+  added = {"added_tokens_decoder": {"0": {"content": "[PAD]", "special": True}, "16": {"content": "[NEW]"}}}
+  with pytest.raises(UserError, match=r"adds tokens to its vocab.txt \(\[NEW\]\).*save_pretrained"):
+    load_tokenizer(f"hf:{_vocab_dir(tmp_path / 'added', added)}")
+  with pytest.raises(UserError, match=r"lacks the special tokens <mask> that its tokenizer_config.json names"):
+    load_tokenizer(f"hf:{_vocab_dir(tmp_path / 'mask', {'mask_token': '<mask>'})}")
+
+
+def _tokenizer_json(lowercase=True, strip_accents=None, chinese=True) -> str:
+  import tokenizers
+
+  vocab = {t: i for i, t in enumerate(HF_VOCAB)}
+  tok = tokenizers.BertWordPieceTokenizer(vocab, lowercase=lowercase, strip_accents=strip_accents,
+                                          handle_chinese_chars=chinese)
+  return tok.to_str()
+
+
+def test_hf_tokenizer_json_fingerprint_covers_every_id_changing_setting(tmp_path):
+  """tokenizer.json holds the normalizer, pre-tokenizer and vocabulary, tokenizer_config.json and
+  special_tokens_map.json the special tokens: a change to any of them is another fingerprint; files of the
+  checkpoint that are not its tokenizer (config.json, weights) are not part of it."""
+  variants = {"base": {}, "cased": {"tokenizer.json": _tokenizer_json(lowercase=False)},
+              "accents": {"tokenizer.json": _tokenizer_json(strip_accents=False)},
+              "chinese": {"tokenizer.json": _tokenizer_json(chinese=False)},
+              "unk": {"tokenizer_config.json": {"unk_token": "<unk>"}},
+              "cls": {"special_tokens_map.json": {"cls_token": "<s>"}}}
+  toks = {name: load_tokenizer(f"hf:{_hf_dir(tmp_path / name, {'tokenizer.json': _tokenizer_json(), **files})}")
+          for name, files in variants.items()}
+  assert len({t.fingerprint for t in toks.values()}) == len(variants)
+  assert _tokens(toks["accents"], HF_TEXT) != _tokens(toks["base"], HF_TEXT)
+  assert toks["unk"].special.unk == HF_VOCAB.index("<unk>") and toks["cls"].special.cls == HF_VOCAB.index("<s>")
+  _hf_dir(tmp_path / "base", {"config.json": {"model_type": "bert"}, "model.safetensors": "weights"})
+  assert load_tokenizer(f"hf:{tmp_path / 'base'}").fingerprint == toks["base"].fingerprint
+
+
+@pytest.mark.slow  # ~9 s: importing transformers, which converts spiece.model
+def test_hf_sentencepiece_fingerprint_covers_every_id_changing_setting(sp_tok, tmp_path):
+  """spiece.model (converted by transformers as AutoTokenizer would) with tokenizer_config.json's casing and
+  accent settings: each flip is another fingerprint."""
+  pytest.importorskip("transformers")
+  model = pathlib.Path(sp_tok.path).read_bytes()
+  special = dict(pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
+                 tokenizer_class="AlbertTokenizer")
+  prints = {}
+  for name, settings in {"base": {}, "cased": {"do_lower_case": False}, "accents": {"keep_accents": True}}.items():
+    directory = tmp_path / name
+    _hf_dir(directory, {"tokenizer_config.json": {**special, **settings}})
+    (directory / "spiece.model").write_bytes(model)
+    prints[name] = load_tokenizer(f"hf:{directory}").fingerprint
+  assert len(set(prints.values())) == 3

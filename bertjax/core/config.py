@@ -53,6 +53,7 @@ def defaults() -> ml_collections.ConfigDict:
       dupe_factor=5,  # passes over the corpus with different pairings
       cache_dir="",  # where sources other than shards: are prepared once; empty: $BERTJAX_CACHE or ~/.cache/bertjax
       prepare_workers=0,  # processes preparing a source into the cache (0: in this one; big corpora: bertjax.data.prepare)
+      prepare_wait_s=86400.0,  # how long a process waits for another (process 0) to prepare a cache entry
       # Shard files are checked against metadata.json before training reads them: size (always), and sha256:
       # first (once per file state, recorded in the cache) | full (every start) | size (never).
       verify="first",
@@ -317,9 +318,29 @@ def _validate_phases(config):
           f"{c.grad_accum_steps}; fix --config.{key('batch_size', 'batch_size')}")
 
 
+# Keys added after runs had been saved without them whose default is not what such a run ran under: the value it
+# did run under (the code's behaviour before the key existed), from the saved section. A key missing from this
+# table reads with its default, which then is the old behaviour.
+PREDATED = {
+    # 7e491a3 (optimizer.bias_correction): before it, adamw was optax's (bias-corrected) and lamb was ALBERT's
+    # (uncorrected); today's default (True) would turn an old LAMB run into NVIDIA's.
+    ("optimizer", "bias_correction"): lambda section: section.get("name", "adamw") != "lamb",
+    # 7e491a3 (optimizer.decay_mask): before it, every optimizer left biases and LayerNorm undecayed.
+    ("optimizer", "decay_mask"): lambda section: "bert",
+}
+
+
+def predated(saved: dict) -> dict:
+  """{(section, key): value} for each PREDATED key a saved config (a workdir's config.json) lacks: the value
+  the run it holds ran under."""
+  return {(section, key): value(saved[section]) for (section, key), value in PREDATED.items()
+          if isinstance(saved.get(section), dict) and key not in saved[section]}
+
+
 def from_saved(saved: dict) -> ml_collections.ConfigDict:
   """A saved config (a workdir's config.json) over today's defaults, so that a run saved before a key
-  existed reads with that key's default."""
+  existed reads with that key's default, or, for a key whose default differs from what such a run ran under
+  (PREDATED), with the value it ran under."""
 
   def merge(base: ml_collections.ConfigDict, values: dict):
     for key, value in values.items():
@@ -329,7 +350,10 @@ def from_saved(saved: dict) -> ml_collections.ConfigDict:
         base[key] = value
     return base
 
-  return merge(defaults(), saved)
+  config = merge(defaults(), saved)
+  for (section, key), value in predated(saved).items():
+    config[section][key] = value
+  return config
 
 
 def load(spec: str) -> ml_collections.ConfigDict:

@@ -2,10 +2,17 @@
 
 tokenizer.json (HF's fast tokenizer: BERT WordPiece, RoBERTa byte-level BPE, ALBERT unigram) is read with the
 `tokenizers` library, so ids, normalization (casing, accents) and special tokens are exactly HF's; a bare
-vocab.txt becomes bertjax's WordPieceTokenizer, cased or not as tokenizer_config.json's do_lower_case says
-(BertTokenizer's default: lowercase); a directory with only spiece.model or vocab.json + merges.txt is
-converted by transformers, as `AutoTokenizer` would load it. The special-token ids ([CLS]/<s>, [SEP]/</s>,
-[MASK]/<mask>, [PAD]/<pad>, [UNK]/<unk>) come from tokenizer_config.json and go to masking and instances.
+vocab.txt is read as transformers' BertTokenizer reads it, with tokenizer_config.json's do_lower_case,
+strip_accents, tokenize_chinese_chars and special-token names (bertjax's WordPieceTokenizer where those are
+BERT's defaults, so its spec and fingerprint stay `wordpiece:`'s); a directory with only spiece.model or
+vocab.json + merges.txt is converted by transformers, as `AutoTokenizer` would load it. The special-token ids
+([CLS]/<s>, [SEP]/</s>, [MASK]/<mask>, [PAD]/<pad>, [UNK]/<unk>) come from tokenizer_config.json and go to
+masking and instances.
+
+Fingerprints (what rows, caches and checkpoints are keyed by) cover every setting that changes ids: all bytes of
+the tokenizer files for tokenizer.json and converted directories, and for a bare vocab.txt its bytes plus the
+settings above as read (so a key tokenizer_config.json holds that changes no id, such as model_max_length,
+leaves it alone).
 """
 
 import hashlib
@@ -16,7 +23,8 @@ import numpy as np
 import tokenizers
 
 from bertjax.core.errors import UserError
-from bertjax.data.tokenizer import SentencePieceTokenizer, SpecialIds, Tokenizer, WordPieceTokenizer
+from bertjax.data.tokenizer import (SPECIAL_TOKENS, SentencePieceTokenizer, SpecialIds, Tokenizer, WordPieceTokenizer,
+                                    wordpiece_fingerprint, wordpiece_settings)
 
 # Special-token roles: the tokenizer_config.json key, and the spellings to try when the config names none.
 ROLES = {
@@ -58,6 +66,46 @@ def _token_text(value):
   return value.get("content") if isinstance(value, dict) else value
 
 
+def _named(directory: str) -> dict:
+  """tokenizer_config.json over special_tokens_map.json: the settings and special-token names a directory gives."""
+  return {**_json(os.path.join(directory, "special_tokens_map.json")),
+          **_json(os.path.join(directory, "tokenizer_config.json"))}
+
+
+def vocab_settings(directory: str) -> dict:
+  """wordpiece_settings of a directory whose tokenizer is a bare vocab.txt, as transformers' BertTokenizer reads
+  its tokenizer_config.json (defaults: lowercase, accents stripped when lowercasing, CJK characters split, BERT's
+  special tokens). UserError for added tokens beyond the special ones: a vocab.txt does not carry them."""
+  named = _named(directory)
+  special = [_token_text(named.get(ROLES[role][0])) or default for role, default in
+             zip(("pad", "unk", "cls", "sep", "mask"), SPECIAL_TOKENS)]
+  added = {_token_text(t) for t in named.get("added_tokens_decoder", {}).values()}
+  added |= set(_json(os.path.join(directory, "added_tokens.json")))
+  with open(os.path.join(directory, "vocab.txt"), encoding="utf-8", errors="replace") as f:
+    vocab = {line.strip() for line in f}
+  missing = [t for t in special if t not in vocab]
+  if missing:
+    raise UserError(f"the vocab.txt in {directory} lacks the special tokens {' '.join(missing)} that its "
+                    "tokenizer_config.json names; add them to vocab.txt or name its own in tokenizer_config.json")
+  if added - set(special):
+    raise UserError(f"the tokenizer in {directory} adds tokens to its vocab.txt ({', '.join(sorted(added - set(special))[:5])}), "
+                    "which bertjax reads only from tokenizer.json; save it with "
+                    "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)")
+  return wordpiece_settings(named.get("do_lower_case", True), named.get("strip_accents"),
+                            named.get("tokenize_chinese_chars", True), special)
+
+
+def _vocab_json(directory: str, settings: dict) -> str:
+  """tokenizer.json text of a bare vocab.txt read with `settings` (vocab_settings), as BertTokenizer builds it."""
+  pad, unk, cls, sep, mask = settings["special"]
+  tok = tokenizers.BertWordPieceTokenizer(
+      os.path.join(directory, "vocab.txt"), unk_token=unk, sep_token=sep, cls_token=cls, pad_token=pad,
+      mask_token=mask, clean_text=settings["clean_text"], handle_chinese_chars=settings["chinese_chars"],
+      strip_accents=settings["strip_accents"], lowercase=settings["lowercase"],
+      wordpieces_prefix=settings["continuation"])
+  return tok.to_str()
+
+
 def _converted(directory: str) -> str:
   """tokenizer.json text for a directory without one, made by transformers from its slow-tokenizer files."""
   try:
@@ -77,19 +125,23 @@ class HFTokenizer(Tokenizer):
 
   def __init__(self, directory: str):
     self.path = directory
-    path = os.path.join(directory, "tokenizer.json")
+    path, vocab = os.path.join(directory, "tokenizer.json"), os.path.join(directory, "vocab.txt")
+    self.fingerprint = files_fingerprint(directory)
     if os.path.isfile(path):
       with open(path, "rb") as f:
         text = f.read().decode("utf-8")
+    elif os.path.isfile(vocab):  # a bare vocab.txt whose settings are not BERT's defaults (from_dir)
+      settings = vocab_settings(directory)
+      text = _vocab_json(directory, settings)
+      with open(vocab, "rb") as f:
+        self.fingerprint = wordpiece_fingerprint(f.read(), settings)
     else:  # spiece.model / vocab.json + merges.txt: what transformers makes of them
       text = _converted(directory)
-    self.fingerprint = files_fingerprint(directory)
     self._tok = tokenizers.Tokenizer.from_str(text)
     self._tok.no_truncation()
     self._tok.no_padding()
     self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-    named = {**_json(os.path.join(directory, "special_tokens_map.json")),
-             **_json(os.path.join(directory, "tokenizer_config.json"))}
+    named = _named(directory)
     ids, self.tokens = {}, {}
     for role, (key, spellings) in ROLES.items():
       candidates = ([_token_text(named[key])] if named.get(key) else []) + list(spellings)
@@ -190,8 +242,10 @@ def from_dir(directory: str) -> Tokenizer:
     raise UserError(f"tokenizer directory {directory!r} does not exist; check the path in hf:DIR")
   vocab = os.path.join(directory, "vocab.txt")
   if not os.path.isfile(os.path.join(directory, "tokenizer.json")) and os.path.isfile(vocab):
-    config = _json(os.path.join(directory, "tokenizer_config.json"))
-    return WordPieceTokenizer(vocab, lowercase=config.get("do_lower_case", True))
+    settings = vocab_settings(directory)
+    if settings == wordpiece_settings(settings["lowercase"]):  # BERT's: `wordpiece:` says it all
+      return WordPieceTokenizer(vocab, lowercase=settings["lowercase"])
+    return HFTokenizer(directory)  # accents, CJK or special tokens of its own: the directory is the spec
   spiece = os.path.join(directory, "spiece.model")
   if _bertjax_spiece(directory) and not _importable("transformers"):
     return SentencePieceTokenizer(spiece)  # bertjax's own export: read as transformers would read it

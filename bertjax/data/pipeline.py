@@ -16,17 +16,16 @@ step's batch with no state, reads only those rows, and resuming at step k replay
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 
 from bertjax.core.errors import UserError
-from bertjax.data import instances, prepare_lib, shards, sources
+from bertjax.data import cache_entry, instances, prepare_lib, shards, sources
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.data.tokenizer_spec import load_tokenizer
 
@@ -73,31 +72,14 @@ def shards_key(config, source_fingerprint: str, tokenizer_fingerprint: str) -> s
                    dupe_factor=d.dupe_factor, short_seq_prob=d.short_seq_prob))
 
 
-def _once(final: str, make) -> str:
-  """`final`, made by `make(directory)` unless it exists: into a temporary sibling renamed into place when
-  complete, so a crash leaves no half-made `final` and, of processes racing to make it, the first rename
-  wins and the others discard their copy (the rows are a function of the key: the copies are equal)."""
-  if os.path.isdir(final):
-    return final
-  parent = os.path.dirname(final)
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=os.path.basename(final) + ".tmp-", dir=parent)
-  try:
-    make(tmp)
-    try:
-      os.rename(tmp, final)
-    except OSError:
-      if not os.path.isdir(final):
-        raise
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)  # gone after a successful rename; a loser's or a failure's copy
-  return final
-
-
-def prepared(config) -> str:
-  """The cache directory of config.data.source prepared for this config, prepared first if need be."""
+def prepared(config, process_index: int = 0) -> str:
+  """The cache directory of config.data.source prepared for this config, prepared first if need be: by one
+  process of a multi-process run (process 0 where they share the cache; bertjax.data.cache_entry), the others
+  waiting for it up to data.prepare_wait_s."""
   d = config.data
   root, source = cache_dir(config), sources.fingerprint(d.source)
+  once = functools.partial(cache_entry.once, process_index=process_index,
+                           wait_s=d.get("prepare_wait_s", cache_entry.WAIT_S))
   tokenizer = d.tokenizer
   if not tokenizer:
     directory = os.path.join(root, f"tokenizer-{tokenizer_key(config, source)}")
@@ -107,13 +89,14 @@ def prepared(config) -> str:
                                    tfds_data_dir=d.tfds_data_dir)
       prepare_lib.prepare_tokenizer(config, reader, tmp)
 
-    tokenizer = "spm:" + os.path.join(_once(directory, train), "tokenizer.model")
+    tokenizer = "spm:" + os.path.join(once(directory, train), "tokenizer.model")
   tok = load_tokenizer(tokenizer)
   prepare_lib.check_vocab_size(tok, config.model.vocab_size)
   directory = os.path.join(root, f"shards-{shards_key(config, source, tok.fingerprint)}")
-  if not os.path.isdir(directory):
-    print(f"data: preparing {d.source} into {directory} (once: runs with the same data settings reuse it)",
-          file=sys.stderr, flush=True)
+
+  def prepare(tmp):  # only in the process that claimed the entry
+    print(f"data: preparing {d.source} into {directory} (process {process_index}, once: runs with the same data "
+          "settings reuse it)", file=sys.stderr, flush=True)
     stale = stale_caches(root)
     if stale:
       size = sum(b for _, b in stale)
@@ -121,8 +104,9 @@ def prepared(config) -> str:
             f"(this bertjax builds version {prepare_lib.ROWS_VERSION}) and are never read again, {size / 1e6:.1f} MB "
             f"in all; delete them to free the space: " + ", ".join(f"{p} ({b / 1e6:.1f} MB)" for p, b in stale),
             file=sys.stderr, flush=True)
-  return _once(directory, lambda tmp: prepare_lib.prepare(config, tmp, workers=d.prepare_workers,
-                                                          progress=sys.stderr, tokenizer=tokenizer))
+    prepare_lib.prepare(config, tmp, workers=d.prepare_workers, progress=sys.stderr, tokenizer=tokenizer)
+
+  return once(directory, prepare)
 
 
 def _size(directory: str) -> int:
@@ -147,14 +131,15 @@ def stale_caches(root: str) -> list:
   return stale
 
 
-def build(config) -> Dataset:
-  """The run's train and eval rows and tokenizer; see the module docstring."""
+def build(config, process_index: int = 0) -> Dataset:
+  """The run's train and eval rows and tokenizer; see the module docstring. `process_index`: this process's
+  in a multi-process run, which decides who prepares a cache entry (prepared)."""
   source = config.data.source
   if source.startswith("shards:"):
     directory = os.path.expanduser(source.partition(":")[2])
     per_phase = os.path.join(directory, f"seq_len_{config.seq_len}")  # prepared for a config with phases
     return _open_shards(config, per_phase if os.path.isdir(per_phase) else directory)
-  return _open_shards(config, prepared(config), cached=True)
+  return _open_shards(config, prepared(config, process_index), cached=True)
 
 
 def _open_shards(config, directory: str, cached: bool = False) -> Dataset:

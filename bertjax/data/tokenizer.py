@@ -64,6 +64,22 @@ def _fingerprint(data: bytes, settings: dict | None = None) -> str:
   return digest.hexdigest()[:16]
 
 
+def wordpiece_settings(lowercase: bool = True, strip_accents: bool | None = None, chinese_chars: bool = True,
+                       special: Sequence[str] = SPECIAL_TOKENS) -> dict:
+  """What decides a WordPiece tokenizer's ids beside its vocab.txt, which holds only the vocabulary: BERT's
+  normalizer (lowercasing; accent stripping, which follows lowercasing unless `strip_accents` says otherwise;
+  spaces around CJK characters: `chinese_chars`), its pre-tokenizer, the continuation prefix and the special
+  tokens (pad, unk, cls, sep, mask), as transformers' BertTokenizer takes them from tokenizer_config.json."""
+  return dict(kind="wordpiece", lowercase=lowercase, strip_accents=lowercase if strip_accents is None else strip_accents,
+              clean_text=True, chinese_chars=chinese_chars, pre_tokenizer="bert", continuation=_WORDPIECE_CONTINUATION,
+              special=list(special))
+
+
+def wordpiece_fingerprint(vocab: bytes, settings: dict) -> str:
+  """The fingerprint of a WordPiece vocab.txt's bytes read with `settings` (wordpiece_settings)."""
+  return _fingerprint(vocab, settings)
+
+
 def _missing_special_tokens_error(path: str, missing: Sequence[str], fix: str) -> UserError:
   """The error for a vocabulary that lacks some of SPECIAL_TOKENS."""
   return UserError(f"vocabulary {path} lacks the special tokens {' '.join(missing)}; {fix}")
@@ -234,9 +250,7 @@ class WordPieceTokenizer(Tokenizer):
     self.lowercase = lowercase
     # vocab.txt holds only the vocabulary: the normalizer (lowercasing and accent stripping go together in
     # BertWordPieceTokenizer), the pre-tokenizer and the special tokens are settings, and change the ids.
-    self.fingerprint = _fingerprint(data, dict(
-        kind="wordpiece", lowercase=lowercase, strip_accents=lowercase, clean_text=True, chinese_chars=True,
-        pre_tokenizer="bert", continuation=_WORDPIECE_CONTINUATION, special=list(SPECIAL_TOKENS)))
+    self.fingerprint = wordpiece_fingerprint(data, wordpiece_settings(lowercase))
     tokens = {line.strip() for line in data.decode("utf-8", errors="replace").splitlines()}
     missing = [token for token in SPECIAL_TOKENS if token not in tokens]
     if missing:

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import time
 
 import jax
@@ -83,8 +84,9 @@ def manifest(config, tokenizer, mesh, model: Pretrainer) -> dict:
               mesh=dict(mesh.shape), networks=model.networks)
 
 
-# Nested keys that may change too: how hard to check the data, and the watchdog's patience.
-RESUMABLE_NESTED = (("data", "verify"), ("runtime", "step_timeout_s"))
+# Nested keys that may change too: how hard to check the data, how long to wait for its preparation, and the
+# watchdog's patience.
+RESUMABLE_NESTED = (("data", "verify"), ("data", "prepare_wait_s"), ("runtime", "step_timeout_s"))
 
 
 def _comparable(config_dict: dict) -> dict:
@@ -93,6 +95,31 @@ def _comparable(config_dict: dict) -> dict:
     if isinstance(out.get(section), dict):
       out[section] = {k: v for k, v in out[section].items() if k != key}
   return out
+
+
+def resumed_config(config, workdir: str):
+  """`config`, or, where the workdir holds a run of it saved before some of its keys existed, `config` with
+  those keys at the values that run ran under (config.PREDATED: e.g. an old LAMB run kept ALBERT's uncorrected
+  Adam after optimizer.bias_correction came with another default), so the run resumes as it ran, with a note.
+  A run that differs in anything else is left to check_workdir to refuse or replace."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    return config
+  with open(path) as f:
+    saved = json.load(f)
+  old = config_lib.predated(saved)
+  if not old:
+    return config
+  adopted = config.copy_and_resolve_references()
+  for (section, key), value in old.items():
+    adopted[section][key] = value
+  if _comparable(json.loads(adopted.to_json())) != _comparable(json.loads(config_lib.from_saved(saved).to_json())):
+    return config
+  for (section, key), value in old.items():
+    if config[section][key] != value and jax.process_index() == 0:
+      print(f"resume: the run in {workdir} predates {section}.{key} and ran with {value!r} (this config says "
+            f"{config[section][key]!r}); it resumes as it ran", file=sys.stderr, flush=True)
+  return adopted
 
 
 def check_workdir(config, workdir: str) -> bool:
@@ -209,6 +236,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, overridd
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: contextlib.ExitStack):
   # ---------------------------------------------------------------- Setup
   build.validate(config)
+  config = resumed_config(config, workdir)  # a run saved before a switch existed resumes as it ran
   replace = check_workdir(config, workdir)
   plan = config_lib.phases(config)
   n_proc, proc = jax.process_count(), jax.process_index()
@@ -228,7 +256,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
 
   # ---------------------------------------------------------------- Data (every phase's: a bad input fails now)
   t0 = time.time()
-  datasets = {seq_len: pipeline.build(c) for seq_len, c in config_lib.configs_by_seq_len(config).items()}
+  # One process prepares a cache entry (process 0 where the cache is shared), the others wait for it.
+  datasets = {seq_len: pipeline.build(c, proc) for seq_len, c in config_lib.configs_by_seq_len(config).items()}
   if os.environ.get("BERTJAX_TRACE_ROWS"):  # debug: log the rows this process reads (tests/test_multihost.py)
     datasets = {k: pipeline.traced(d, os.environ["BERTJAX_TRACE_ROWS"], proc) for k, d in datasets.items()}
   tok = datasets[plan[0].config.seq_len].tokenizer

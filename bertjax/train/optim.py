@@ -114,11 +114,12 @@ def validate(config):
 
 
 def _bias_correction(o) -> bool:
-  return o.get("bias_correction", True)  # a section saved before the switch existed: optax's adamw, corrected
+  # A section written before the switch existed: the rule it ran (adamw corrected, lamb not; config.PREDATED).
+  return o.get("bias_correction", config_lib.PREDATED[("optimizer", "bias_correction")](o))
 
 
 def _decay_kind(o) -> str:
-  return o.get("decay_mask", "bert")
+  return o.get("decay_mask", config_lib.PREDATED[("optimizer", "decay_mask")](o))
 
 
 def decay_mask(params):
