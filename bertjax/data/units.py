@@ -109,7 +109,8 @@ def read_conll(path: str):
   with open(path, encoding="utf-8", errors="replace") as f:
     lines = [line.replace("\ufeff", "").rstrip("\n") for line in f]
   tokens = [line.split()[0] for line in lines if line.split()]
-  strip = bool(tokens) and all(_PREFIX.match(t) for t in tokens[:100])  # WikiANN: every token is "en:..."
+  words = [t for t in tokens if t != "-DOCSTART-"]
+  strip = bool(words) and all(_PREFIX.match(t) for t in words[:100])  # WikiANN: every token is "en:..."
   if "-DOCSTART-" not in tokens:  # no document marks: every sentence is a document (WikiANN's are unrelated)
     for doc in _conll_documents(lines, path, strip):
       yield from ([sentence] for sentence in doc)
@@ -177,20 +178,19 @@ def _sentences_of(text: str, spans: list, stats: dict) -> list:
         starts.append(cursor)
         cursor += len(word)
       begin, end = starts[0], cursor
-      local = {}  # text offset -> sentence offset, at word starts and ends
+      local = {}  # text offset -> sentence offset, for every character of a word
       at = 0
       for word, s in zip(words, starts):
-        local[s], local[s + len(word)] = at, at + len(word)
+        local.update((s + k, at + k) for k in range(len(word)))
         at += len(word) + 1
       kept, last = [], -1
       for s, e, kind in spans:
-        if s >= begin and e <= end and s >= last:
-          # A span edge inside a word is moved to that word's edge (the tokens are what is masked).
-          ls = local.get(s, local[max(k for k in local if k <= s)])
-          le = local.get(e, local[min(k for k in local if k >= e)])
-          if le > ls:
-            kept.append((ls, le, kind, False))
-            last = e
+        if not (begin <= s and e <= end and s >= last):
+          continue
+        inner = [local[k] for k in range(s, e) if k in local]  # whitespace at a span's edges is not kept
+        if inner:
+          kept.append((inner[0], inner[-1] + 1, kind, False))
+          last = e
       out.append((sentence, tuple(kept)))
       marked += len(kept)
   stats["dropped"] = stats.get("dropped", 0) + len(spans) - marked
