@@ -145,3 +145,10 @@ def test_unit_start_covers_a_span_and_starts_after_it(tmp_path):
   arrays, _ = instances.make_instances([[(ids, word_start, unit_start, mention)]] * 2, "full_sentences", 16,
                                        SpecialIds(0, 1, 2, 3, 4), units=True)
   assert arrays["unit_start"][0, :10].tolist() == [1, 1, 1, 0, 0, 1, 1, 0, 1, 1]
+
+
+def test_gazetteer_marks_the_longest_mention_strings(tmp_path):
+  (tmp_path / "g.conll").write_text("New B-LOC\nYork I-LOC\nCity I-LOC\n\nYork B-LOC\n\nthe B-ORG\n\nIBM B-ORG\n")
+  g = units.Gazetteer(f"conll:{tmp_path / 'g.conll'}")
+  text, spans = g.mark("The IBM office in New York City, not York.")
+  assert [(text[s:e], t) for s, e, t, _ in spans] == [("IBM", "ORG"), ("New York City", "LOC"), ("York", "LOC")]

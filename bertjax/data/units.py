@@ -38,7 +38,7 @@ DEFAULT_TYPE = "ENT"  # a JSONL span without a type
 # negatives), and every token inside a mention (MLM keeps its masks off them).
 MENTION_FIRST, MENTION_LAST, MENTION_REPLACED, MENTION_INSIDE = 1, 2, 4, 8
 _PREFIX = re.compile(r"^[a-z]{2,3}:(?=.)")
-_WORDS = re.compile(r"\w+(?:[.'’-]\w+)*\.?|[^\w\s]")  # the words a gazetteer key is made of
+_WORDS = re.compile(r"\w+(?:['’-]\w+)*|[^\w\s]")  # the words a gazetteer key is made of
 GAZETTEER_MAX_WORDS = 8  # longer mention strings are left out of a gazetteer
 
 
