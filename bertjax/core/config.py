@@ -57,6 +57,10 @@ def defaults() -> ml_collections.ConfigDict:
       # Shard files are checked against metadata.json before training reads them: size (always), and sha256:
       # first (once per file state, recorded in the cache) | full (every start) | size (never).
       verify="first",
+      # Entity/phrase spans (bertjax.data.units): conll:PATH | jsonl:PATH; rows then carry unit_start (ERNIE's
+      # units) and mention (WKLM). With source=units the corpus is the span source's own text; with another
+      # source the span source's mention strings mark mentions in it (a gazetteer).
+      units="",
   )
   # Masking.
   c.masking = dict(
@@ -72,6 +76,7 @@ def defaults() -> ml_collections.ConfigDict:
       span_p=0.2,  # span scheme: geometric parameter
       max_span=10,  # span scheme: longest span in words
       wso_share=0.05,  # objective wso: share of the unmasked trigrams shuffled (StructBERT: 5%)
+      units=False,  # whole_word/ngram/span/ernie over data.units' units (unit_start) instead of words
   )
   # Model.
   c.model = dict(
@@ -118,7 +123,10 @@ def defaults() -> ml_collections.ConfigDict:
       dense_grad="xla",
   )
   # Objectives: name -> weight; 0 switches one off.
-  c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0)
+  c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0, wklm=0.0)
+  # WKLM's entity replacement (objective wklm; configs/wklm.py): share of mentions replaced in data preparation,
+  # and the mention slots per example (a static shape; 0: seq_len // 4).
+  c.wklm = dict(replace_prob=0.5, max_mentions=0)
   # Optimizer.
   c.optimizer = dict(
       name="adamw",  # adamw | lamb

@@ -1,6 +1,8 @@
 """Training instances from tokenized documents: NSP/SOP pairs, ELECTRA's examples, single segments, packed rows.
 
-A tokenized document is a list of sentences, each a pair of arrays (ids, word_start). Pair creation
+A tokenized document is a list of sentences, each a tuple of arrays (ids, word_start), or with entity/phrase
+spans (bertjax.data.units) (ids, word_start, unit_start, mention); every row-making rule below carries all of
+them alike. Pair creation
 follows google-research/bert's `create_instances_from_document` (target length with `short_seq_prob`,
 chunks of whole sentences, truncation of the longer segment at a random end) with two deliberate
 differences: NSP's random B segment always comes from *another* document, and SOP never falls back to
@@ -39,6 +41,7 @@ import random
 import numpy as np
 
 from bertjax.data.tokenizer import SpecialIds
+from bertjax.data.units import whole_mentions
 
 FORMATS = ("nsp", "sop", "sso", "electra", "single", "full_sentences", "packed")
 PAIR_FORMATS = ("nsp", "sop", "sso")
@@ -60,6 +63,9 @@ class InstanceStats:
   one_segment: int = 0  # electra: examples without a B segment (drawn so, or nothing left for B)
   one_segment_drawn: int = 0  # electra: of those, the ones the 10% draw made single
   short_targets: int = 0  # electra: examples accumulated to a random shorter target length
+  spans: int = 0  # entity/phrase spans marked on tokens (bertjax.data.units), counted per sentence
+  unaligned_spans: int = 0  # spans dropped: no token of their own
+  replaced_mentions: int = 0  # WKLM: mentions replaced by another of their type
 
   @property
   def label_balance(self) -> float:
@@ -77,7 +83,7 @@ def describe_electra(stats: InstanceStats) -> str:
 def _concat(segments):
   if not segments:
     return np.zeros(0, np.int32), np.zeros(0, bool)
-  return np.concatenate([s[0] for s in segments]), np.concatenate([s[1] for s in segments])
+  return tuple(np.concatenate([s[k] for s in segments]) for k in range(len(segments[0])))
 
 
 def _truncate_pair(a, b, max_tokens, rng):
@@ -90,7 +96,7 @@ def _truncate_pair(a, b, max_tokens, rng):
     i = 0 if length[0] > length[1] else 1
     length[i] -= 1
     front[i] += rng.random() < 0.5
-  return [(x[0][f:f + n], x[1][f:f + n]) for x, f, n in zip((a, b), front, length)]
+  return [tuple(field[f:f + n] for field in x) for x, f, n in zip((a, b), front, length)]
 
 
 def _target_length(max_tokens, short_seq_prob, rng):
@@ -168,13 +174,13 @@ def single_instances(docs, doc_index, max_tokens, stats):
   into max_tokens-sized pieces, each its own block (SpanBERT skips such a sentence, and the block before it when
   it ends a document)."""
   chunk, length = [], 0
-  for ids, ws, _ in _pieces([docs[doc_index]], max_tokens):
-    if chunk and length + len(ids) > max_tokens:
+  for piece, _ in _pieces([docs[doc_index]], max_tokens):
+    if chunk and length + len(piece[0]) > max_tokens:
       stats.instances += 1
       yield _concat(chunk), None, 0
       chunk, length = [], 0
-    chunk.append((ids, ws))
-    length += len(ids)
+    chunk.append(piece)
+    length += len(piece[0])
   if chunk:
     stats.instances += 1
     yield _concat(chunk), None, 0
@@ -229,10 +235,12 @@ def electra_instances(docs, max_tokens, short_seq_prob, rng, stats):
 class _RowBuffer:
   """Fixed-length rows written in place into arrays that grow by doubling (no per-row allocation)."""
 
-  def __init__(self, seq_len, special: SpecialIds, positions: bool):
+  def __init__(self, seq_len, special: SpecialIds, positions: bool, units: bool = False):
     self.seq_len, self.special, self.n = seq_len, special, 0
     self.fields = dict(input_ids=(np.int32, special.pad), type_ids=(np.int32, 0), word_start=(bool, False),
-                       groups=(np.int32, 0), **(dict(position_ids=(np.int32, 0)) if positions else {}))
+                       groups=(np.int32, 0), **(dict(position_ids=(np.int32, 0)) if positions else {}),
+                       **(dict(unit_start=(bool, False), mention=(np.uint8, 0)) if units else {}))
+    self.units = units
     self.arrays = {k: np.full((64, seq_len), fill, dtype) for k, (dtype, fill) in self.fields.items()}
     self.labels = np.zeros(64, np.int32)
 
@@ -246,11 +254,16 @@ class _RowBuffer:
     self.n += 1
     return self.n - 1
 
-  def _segment(self, i, at, ids, ws, segment=0, group=1, position=None):
-    """[CLS]-less segment ids + [SEP] at row i from column `at`; returns the column after it."""
+  def _segment(self, i, at, seg, segment=0, group=1, position=None):
+    """[CLS]-less segment (ids, word_start[, unit_start, mention]) + [SEP] at row i from column `at`; returns
+    the column after it."""
+    ids, ws = seg[0], seg[1]
     n = len(ids)
     self.arrays["input_ids"][i, at:at + n], self.arrays["input_ids"][i, at + n] = ids, self.special.sep
     self.arrays["word_start"][i, at:at + n], self.arrays["word_start"][i, at + n] = ws, True
+    if self.units:  # [SEP] is a unit of its own and no mention; a mention cut by truncation is none either
+      self.arrays["unit_start"][i, at:at + n], self.arrays["unit_start"][i, at + n] = seg[2], True
+      self.arrays["mention"][i, at:at + n] = whole_mentions(seg[3])
     self.arrays["type_ids"][i, at:at + n + 1] = segment
     self.arrays["groups"][i, at:at + n + 1] = group
     if position is not None:
@@ -259,22 +272,24 @@ class _RowBuffer:
 
   def _cls(self, i, at, group=1):
     self.arrays["input_ids"][i, at], self.arrays["word_start"][i, at] = self.special.cls, True
+    if self.units:
+      self.arrays["unit_start"][i, at] = True
     self.arrays["groups"][i, at] = group
     return at + 1
 
   def add_pair(self, a, b, label):
     """[CLS] A [SEP] (B [SEP]): types 0 for A, 1 for B."""
     i = self._next()
-    at = self._segment(i, self._cls(i, 0), a[0], a[1])
+    at = self._segment(i, self._cls(i, 0), a)
     if b is not None:
-      self._segment(i, at, b[0], b[1], segment=1)
+      self._segment(i, at, b, segment=1)
     self.labels[i] = label
 
   def add_packed(self, examples):
     """Examples [CLS] x [SEP] side by side: group ids 1, 2, ... and positions restarting at 0 in each."""
     i, at = self._next(), 0
-    for group, (ids, ws) in enumerate(examples, start=1):
-      at = self._segment(i, self._cls(i, at, group), ids, ws, group=group, position=1)
+    for group, example in enumerate(examples, start=1):
+      at = self._segment(i, self._cls(i, at, group), example, group=group, position=1)
 
   def result(self) -> dict:
     out = {k: v[:self.n] for k, v in self.arrays.items()}
@@ -283,13 +298,13 @@ class _RowBuffer:
 
 
 def _pieces(docs, budget):
-  """(ids, word_start, starts_document) of every sentence in order, sentences longer than `budget`
-  cut into budget-sized pieces so that no text is lost."""
+  """(sentence, starts_document) of every sentence in order, sentences longer than `budget` cut into
+  budget-sized pieces so that no text is lost."""
   for doc in docs:
     first = True
-    for ids, ws in doc:
-      for start in range(0, len(ids), budget):
-        yield ids[start:start + budget], ws[start:start + budget], first
+    for sentence in doc:
+      for start in range(0, len(sentence[0]), budget):
+        yield tuple(field[start:start + budget] for field in sentence), first
         first = False
 
 
@@ -299,8 +314,12 @@ def full_sentence_rows(docs, seq_len, special: SpecialIds, stats):
   inside a row (never at a row's start)."""
   budget = seq_len - 2  # [CLS] and the closing [SEP]
   content, used = [], 0
-  separator_piece = (np.array([special.sep], np.int32), np.ones(1, bool))
-  for ids, ws, starts_document in _pieces(docs, budget):
+  separator_piece = None
+  for piece, starts_document in _pieces(docs, budget):
+    ids = piece[0]
+    # [SEP]: a word and a unit of its own, no mention
+    separator_piece = separator_piece or (np.array([special.sep], np.int32), np.ones(1, bool),
+                                          np.ones(1, bool), np.zeros(1, np.uint8))[:len(piece)]
     separator = starts_document and used > 0
     if used + len(ids) + separator > budget:
       stats.instances += 1
@@ -308,7 +327,7 @@ def full_sentence_rows(docs, seq_len, special: SpecialIds, stats):
       content, used, separator = [], 0, False
     if separator:
       content.append(separator_piece)
-    content.append((ids, ws))
+    content.append(piece)
     used += len(ids) + separator
   if used:
     stats.instances += 1
@@ -320,8 +339,8 @@ def packed_rows(examples, seq_len, stats):
   each with their [CLS] and [SEP]: first-fit over a few open rows, the oldest written out when none has
   room, so short documents stop costing a row each."""
   bins = []  # [examples, tokens used]
-  for ids, ws in examples:
-    n = len(ids) + 2
+  for example in examples:
+    n = len(example[0]) + 2
     target = next((b for b in bins if b[1] + n <= seq_len), None)
     if target is None:
       if len(bins) == _PACKING_BINS:
@@ -329,7 +348,7 @@ def packed_rows(examples, seq_len, stats):
         yield bins.pop(0)[0]
       target = [[], 0]
       bins.append(target)
-    target[0].append((ids, ws))
+    target[0].append(example)
     target[1] += n
     stats.examples += 1
   for examples_of_row, _ in bins:
@@ -363,11 +382,12 @@ def _write_pass(rows: _RowBuffer, docs, fmt, seq_len, short_seq_prob, rng, stats
         rows.add_pair(a, b, label)
 
 
-def make_instances(docs, fmt, seq_len, special, *, short_seq_prob=0.1, dupe_factor=1, seed=0):
+def make_instances(docs, fmt, seq_len, special, *, short_seq_prob=0.1, dupe_factor=1, seed=0, units=False):
   """All instances of `docs` as stacked arrays, `dupe_factor` passes with different pairings.
 
   Returns (arrays, stats): input_ids, type_ids, word_start, groups [N, seq_len] (plus position_ids for
-  the packed format) and sentence_label [N]; arrays is None when there are no instances. single,
+  the packed format, unit_start and mention with `units`: the sentences carry them) and sentence_label [N];
+  arrays is None when there are no instances. single,
   full_sentences and packed rows involve no random choice, so they get one pass whatever dupe_factor says
   (more passes would only write identical copies; masking is dynamic: every epoch masks them anew). NSP and SSO
   need two documents at least: with fewer, there are none.
@@ -377,7 +397,7 @@ def make_instances(docs, fmt, seq_len, special, *, short_seq_prob=0.1, dupe_fact
   stats = InstanceStats()
   if fmt in ("nsp", "sso") and len(docs) < 2:
     return None, stats
-  rows = _RowBuffer(seq_len, special, positions=fmt == "packed")
+  rows = _RowBuffer(seq_len, special, positions=fmt == "packed", units=units)
   for dupe in range(dupe_factor if fmt in ("nsp", "sop", "sso", "electra") else 1):
     rng = random.Random(seed * 1000003 + dupe)
     _write_pass(rows, docs, fmt, seq_len, short_seq_prob, rng, stats)
@@ -404,3 +424,8 @@ def validate(config):
   check(config.model.type_vocab_size >= 2 or d.format != "electra",
         "data.format=electra makes segment-B tokens (type id 1); set --config.model.type_vocab_size=2")
   check(d.tokenizer_model in ("unigram", "bpe"), f"data.tokenizer_model={d.tokenizer_model!r}; use unigram or bpe")
+  if d.get("units", "") or d.source == "units":
+    from bertjax.data import units  # span files are checked (they exist) before anything is prepared
+
+    units.units_mode(config)
+    units.parse_spec(d.units)

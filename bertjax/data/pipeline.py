@@ -25,7 +25,7 @@ import sys
 import numpy as np
 
 from bertjax.core.errors import UserError
-from bertjax.data import cache_entry, instances, prepare_lib, shards, sources
+from bertjax.data import cache_entry, instances, prepare_lib, shards, sources, units
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.data.tokenizer_spec import load_tokenizer
 
@@ -50,8 +50,11 @@ def _key(settings: dict) -> str:
 def _read_settings(config, source_fingerprint: str) -> dict:
   """What decides which documents are read and which are held out for eval."""
   d = config.data
-  return dict(source=source_fingerprint, eval_fraction=d.eval_fraction, split_paragraphs=d.split_paragraphs,
+  read = dict(source=source_fingerprint, eval_fraction=d.eval_fraction, split_paragraphs=d.split_paragraphs,
               tfds_text_key=d.tfds_text_key, tfds_data_dir=d.tfds_data_dir)
+  if d.get("units", ""):  # the span files' content (keys of runs without spans stay as they were)
+    read["units"] = units.fingerprint(d.units)
+  return read
 
 
 def tokenizer_key(config, source_fingerprint: str) -> str:
@@ -69,7 +72,8 @@ def shards_key(config, source_fingerprint: str, tokenizer_fingerprint: str) -> s
                    rows_version=prepare_lib.ROWS_VERSION,
                    chunk_bytes=prepare_lib.CHUNK_BYTES, tokenizer=tokenizer_fingerprint,
                    format=prepare_lib.resolve_format(config), seq_len=config.seq_len, seed=config.seed,
-                   dupe_factor=d.dupe_factor, short_seq_prob=d.short_seq_prob))
+                   dupe_factor=d.dupe_factor, short_seq_prob=d.short_seq_prob,
+                   **({"replace_prob": units.replace_prob(config)} if units.replace_prob(config) else {})))
 
 
 def prepared(config, process_index: int = 0) -> str:
@@ -85,9 +89,7 @@ def prepared(config, process_index: int = 0) -> str:
     directory = os.path.join(root, f"tokenizer-{tokenizer_key(config, source)}")
 
     def train(tmp):
-      reader = sources.open_source(d.source, split_paragraphs=d.split_paragraphs, tfds_text_key=d.tfds_text_key,
-                                   tfds_data_dir=d.tfds_data_dir)
-      prepare_lib.prepare_tokenizer(config, reader, tmp)
+      prepare_lib.prepare_tokenizer(config, units.open_reader(config), tmp)
 
     tokenizer = "spm:" + os.path.join(once(directory, train), "tokenizer.model")
   tok = load_tokenizer(tokenizer)
@@ -158,6 +160,9 @@ def _open_shards(config, directory: str, cached: bool = False) -> Dataset:
   fmt = prepare_lib.resolve_format(config)
   if meta["format"] != fmt:
     raise UserError(f"shards {directory} hold {meta['format']} instances but this config trains on {fmt}; {fix}")
+  if units.units_mode(config) and "units" not in meta:
+    raise UserError(f"shards {directory} hold no entity/phrase units but the config sets data.units; prepare them "
+                    "with --config.data.units=..., or train with --config.data.units= on the shards as they are")
   if meta["seq_len"] != config.seq_len:
     raise UserError(f"shards {directory} have seq_len {meta['seq_len']} but config.seq_len={config.seq_len}; {fix}")
   theirs = meta["tokenizer"]

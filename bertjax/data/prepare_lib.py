@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 from bertjax.core.errors import UserError
-from bertjax.data import hf_tokenizer, instances, shards, sources
+from bertjax.data import hf_tokenizer, instances, shards, sources, units
 from bertjax.data.tokenizer import reservoir_sample, Tokenizer, train_sentencepiece
 from bertjax.data.tokenizer_spec import load_tokenizer
 
@@ -64,6 +64,9 @@ class Settings:
   dupe_factor: int
   seed: int
   dtype: np.dtype  # the stored row
+  units: str = ""  # entity/phrase spans: "" (none) | spans (the span source's own sentences) | gazetteer (matched)
+  gazetteer: object = None  # units.Gazetteer for "gazetteer"
+  replace_prob: float = 0.0  # WKLM: share of mentions replaced by another of their type (0: no corruption)
 
 
 @dataclasses.dataclass
@@ -130,7 +133,7 @@ def chunk_documents(docs, eval_fraction: float, chunk_bytes: int = CHUNK_BYTES):
     split = "eval" if held() else "train"
     s = state[split]
     s["open"].append(lines)
-    s["size"] += sum(len(line) for line in lines)
+    s["size"] += sum(len(units.text_of(line)) for line in lines)
     if len(s["open"]) >= 2 and s["size"] >= chunk_bytes:
       if s["pending"] is not None:
         yield emit(split, s["pending"])
@@ -161,10 +164,17 @@ def process_chunk(task) -> ChunkResult:
   tokenized, sentences, tokens = [], 0, 0
   counts = np.zeros(tok.vocab_size, np.int64)
   train = split == "train"
+  span_counts = dict(replaced=0)
+  if settings.units:
+    docs = units.marked_chunk(settings, docs, chunk_seed(settings.seed if train else 0, split, index) + 1, span_counts)
   for lines in docs:
-    sents = sources.to_sentences(lines, settings.paragraphs)
+    if settings.units:
+      sents = lines
+      encode = lambda s: units.encode(tok, s, span_counts)
+    else:
+      sents, encode = sources.to_sentences(lines, settings.paragraphs), tok.encode
     sentences += len(sents)
-    encoded = [e for e in map(tok.encode, sents) if len(e[0])]
+    encoded = [e for e in map(encode, sents) if len(e[0])]
     tokens += sum(len(e[0]) for e in encoded)
     if encoded:
       tokenized.append(encoded)
@@ -173,7 +183,9 @@ def process_chunk(task) -> ChunkResult:
   arrays, stats = instances.make_instances(
       tokenized, settings.fmt, settings.seq_len, tok.special,
       short_seq_prob=settings.short_seq_prob if train else 0.0, dupe_factor=settings.dupe_factor if train else 1,
-      seed=chunk_seed(settings.seed if train else 0, split, index))
+      seed=chunk_seed(settings.seed if train else 0, split, index), units=bool(settings.units))
+  stats.spans, stats.unaligned_spans = span_counts.get("spans", 0), span_counts.get("unaligned", 0)
+  stats.replaced_mentions = span_counts["replaced"]
   records = np.empty(0, settings.dtype) if arrays is None else shards.to_records(arrays, settings.dtype)
   return ChunkResult(split, records, stats, len(docs), sentences, tokens, counts)
 
@@ -201,7 +213,7 @@ def _sample_lines(reader: sources.Reader, eval_fraction: float, size: int, seed:
   """A uniform sample (reservoir) of `size` lines of the training documents (all of them if size <= 0)."""
   held = held_out_rule(eval_fraction)
   kept = (lines for lines in reader.read(sources.SourceStats()) if not held())  # held() once per document
-  return reservoir_sample((line for lines in kept for line in lines), size, seed)
+  return reservoir_sample((units.text_of(line) for lines in kept for line in lines), size, seed)
 
 
 def prepare_tokenizer(config, reader: sources.Reader, directory: str, tokenizer: str = "") -> str:
@@ -267,9 +279,9 @@ def _claim_directory(directory: str, overwrite: bool):
       os.remove(path)
 
 
-def _fields(fmt: str) -> list:
+def _fields(fmt: str, with_units: bool = False) -> list:
   return ["input_ids", "type_ids", "word_start", "groups", "sentence_label"] + (
-      ["position_ids"] if fmt == "packed" else [])
+      ["position_ids"] if fmt == "packed" else []) + (["unit_start", "mention"] if with_units else [])
 
 
 def _human(x: float) -> str:
@@ -337,17 +349,22 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
   fmt = resolve_format(config)
   directory = os.path.abspath(os.path.expanduser(directory))
   _claim_directory(directory, overwrite)
-  reader = sources.open_source(d.source, split_paragraphs=d.split_paragraphs, tfds_text_key=d.tfds_text_key,
-                               tfds_data_dir=d.tfds_data_dir)
+  reader = units.open_reader(config)
+  mode = units.units_mode(config)
+  gazetteer = units.Gazetteer(d.units) if mode == "gazetteer" else None
+  if gazetteer is not None and progress:
+    print(f"prepare: a gazetteer of {len(gazetteer):,} mention strings from {d.units} marks mentions in "
+          f"{d.source}", file=progress, flush=True)
   t0 = time.time()
   if progress and not (tokenizer or d.tokenizer):
     print(f"prepare: training a SentencePiece {d.tokenizer_model} tokenizer of {config.model.vocab_size} pieces on "
           f"up to {d.tokenizer_sentences:,} sampled lines (one pass over the corpus)", file=progress, flush=True)
   spec = prepare_tokenizer(config, reader, directory, tokenizer)
   tok = load_tokenizer(absolute_spec(spec, directory))
-  types = shards.storage_types(_fields(fmt), tok.vocab_size)
+  types = shards.storage_types(_fields(fmt, bool(mode)), tok.vocab_size)
   settings = Settings(absolute_spec(spec, directory), reader.paragraphs, fmt, config.seq_len, d.short_seq_prob,
-                      d.dupe_factor, config.seed, shards.row_dtype(types, config.seq_len))
+                      d.dupe_factor, config.seed, shards.row_dtype(types, config.seq_len), mode, gazetteer,
+                      units.replace_prob(config))
 
   t1 = time.time()
   stats = sources.SourceStats()
@@ -391,6 +408,9 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
       timing=dict(tokenizer_seconds=t1 - t0, seconds=seconds, workers=workers, tokens_per_second=tokens / seconds),
       token_counts=shards.write_token_counts(directory, token_counts),
   )
+  if mode:
+    meta["units"] = dict(spec=d.units, mode=mode, replace_prob=settings.replace_prob,
+                         gazetteer=len(gazetteer) if gazetteer is not None else 0)
   shards.write_metadata(directory, meta)
   return meta
 
@@ -420,4 +440,7 @@ def summary(meta: dict, directory: str) -> str:
     lines[2] += f"; {train['examples'] + ev['examples']:,} examples packed"
   if meta["format"] == "electra":
     lines[2] += "; train " + instances.describe_electra(instances.InstanceStats(**train))
+  if meta.get("units"):
+    lines.append(units.describe(meta))
   return "\n".join(lines)
+

@@ -31,7 +31,8 @@ TOKEN_COUNTS = "token_counts.npy"
 VERSION = 1
 SHARD_BYTES = 1 << 30  # a shard file holds about this many bytes of rows
 # Stored type of each field (input_ids: see storage_types); _SCALARS are one value per row.
-_STORED = dict(type_ids="u1", word_start="?", groups="<u2", position_ids="<u2", sentence_label="u1")
+_STORED = dict(type_ids="u1", word_start="?", groups="<u2", position_ids="<u2", sentence_label="u1",
+               unit_start="?", mention="u1")  # the last two: entity/phrase spans (bertjax.data.units)
 _SCALARS = ("sentence_label",)
 
 
@@ -47,8 +48,8 @@ def row_dtype(types: list, seq_len: int) -> np.dtype:
 
 
 def _widen(name: str, column: np.ndarray) -> np.ndarray:
-  """A stored column in the type batches carry (int32, or bool for word_start)."""
-  return column.astype(bool if name == "word_start" else np.int32)
+  """A stored column in the type batches carry (int32, or bool for word_start and unit_start)."""
+  return column.astype(bool if name in ("word_start", "unit_start") else np.int32)
 
 
 def to_records(arrays: dict, dtype: np.dtype) -> np.ndarray:

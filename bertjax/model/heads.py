@@ -1,5 +1,5 @@
 """Pretraining heads: MLM over gathered positions (tied decoder + bias), pooler + sentence head, RTD head,
-SpanBERT's span-boundary head."""
+SpanBERT's span-boundary head, WKLM's entity-replacement head."""
 
 import jax.numpy as jnp
 from flax import linen as nn
@@ -87,3 +87,17 @@ class RTDHead(nn.Module):
     c = self.cfg
     x = activation(c, dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "transform")(hidden))
     return dense(c, c.hidden_size, 1, (sh.EMBED, None), "logit")(x)[..., 0].astype(jnp.float32)
+
+
+class WKLMHead(nn.Module):
+  """WKLM's entity-replacement head (Xiong et al. 2020, §2.1): sigma(w . [h_first; h_last] + b), one logit per
+  mention from the encoder outputs at its first and last token ("original entity")."""
+
+  cfg: EncoderConfig
+
+  @nn.compact
+  def __call__(self, hidden, first, last):
+    """hidden [B, S, H]; first, last [B, E] token positions. Returns float32 logits [B, E]."""
+    c = self.cfg
+    x = jnp.concatenate([gather_positions(hidden, first), gather_positions(hidden, last)], axis=-1)
+    return dense(c, 2 * c.hidden_size, 1, (None, None), "logit")(x)[..., 0].astype(jnp.float32)

@@ -13,7 +13,7 @@ from flax import linen as nn
 
 from bertjax.core import sharding as sh
 from bertjax.model import ffn as ffn_lib
-from bertjax.model import kinds, mha, norms, positions  # noqa: F401  (built-in kinds register on import)
+from bertjax.model import kinds, mha, norms, positions as position_kinds  # noqa: F401  (built-in kinds register on import)
 from bertjax.model.hparams import EncoderConfig
 from bertjax.model.layers import Block, rows_at
 

@@ -4,7 +4,7 @@ BERT/RoBERTa/ALBERT: one encoder with an MLM head (and a sentence head for NSP/S
 generator encoder with the MLM head and the main (discriminator) encoder with the RTD head, sharing one
 embedding table; the generator's samples replace the masked tokens under stop-gradient. SpanBERT adds the
 span-boundary head; StructBERT's word-structural objective decodes its shuffled positions through the MLM
-head, and its sentence-structural objective is a 3-way sentence head.
+head, and its sentence-structural objective is a 3-way sentence head. WKLM adds a logit per entity mention.
 """
 
 from typing import Optional
@@ -17,7 +17,7 @@ from bertjax.model import flops
 from bertjax.model.embeddings import Embeddings
 from bertjax.model.encoder import Encoder
 from bertjax.model.hparams import EncoderConfig
-from bertjax.model.heads import MLMHead, RTDHead, SBOHead, SentenceHead
+from bertjax.model.heads import MLMHead, RTDHead, SBOHead, SentenceHead, WKLMHead
 
 
 def sample_tokens(rng, logits, temperature: float):
@@ -42,6 +42,7 @@ class Pretrainer(nn.Module):
   sentence_classes: int = 2  # 3 for StructBERT's SSO
   sbo: bool = False  # SpanBERT's span-boundary head
   wso: bool = False  # StructBERT's shuffled trigrams, decoded by the MLM head
+  wklm_mentions: int = 0  # WKLM's mention slots per example (0: no entity-replacement head)
   sample_temperature: float = 1.0
   deterministic: bool = True
 
@@ -53,13 +54,15 @@ class Pretrainer(nn.Module):
       return {"discriminator": ["embeddings", "encoder", "rtd"] + (["sentence"] if self.sentence_head else []),
               "generator": ["embeddings", "generator_encoder", "generator_mlm"]}
     return {"encoder": ["embeddings", "encoder", "mlm"] + (["sentence"] if self.sentence_head else [])
-            + (["sbo_head"] if self.sbo else [])}
+            + (["sbo_head"] if self.sbo else []) + (["wklm_head"] if self.wklm_mentions else [])}
 
   def train_flops_per_token(self, seq_len: int, max_predictions: int, wso_positions: int = 0) -> float:
     """Analytic training FLOPs per token of this model, its heads as it has them (bertjax.model.flops)."""
+    # WKLM's head: one 2H -> 1 product per mention slot, forward and backward (3 x 2 FLOPs a multiply-add).
+    wklm = 6 * 2 * self.cfg.hidden_size * self.wklm_mentions / seq_len
     return flops.train_flops_per_token(self.cfg, seq_len, max_predictions, self.generator, self.sentence_head,
                                        sentence_classes=self.sentence_classes, sbo=self.sbo,
-                                       wso_positions=wso_positions if self.wso else 0)
+                                       wso_positions=wso_positions if self.wso else 0) + wklm
 
   def setup(self):
     self.embeddings = Embeddings(self.cfg)
@@ -74,6 +77,8 @@ class Pretrainer(nn.Module):
       self.sentence = SentenceHead(self.cfg, self.sentence_classes)
     if self.sbo:
       self.sbo_head = SBOHead(self.cfg)
+    if self.wklm_mentions:
+      self.wklm_head = WKLMHead(self.cfg)
 
   def encode(self, input_ids, type_ids, groups, position_ids=None):
     """Final hidden states [B, S, H] of the main encoder."""
@@ -105,7 +110,7 @@ class Pretrainer(nn.Module):
     rtd_logits [B, S] with rtd_labels [B, S] (1 where the corrupted token differs from the original) and
     rtd_input_ids [B, S], the corrupted input the discriminator saw (unused outputs cost nothing under jit),
     sbo_logits [B, P, V] (from the slots' `span_left`, `span_right`), wso_logits [B, Q, V] (at
-    `wso_positions`).
+    `wso_positions`), wklm_logits [B, E] (at `wklm_first`, `wklm_last`).
     """
     ids, types, groups = batch["input_ids"], batch["type_ids"], batch["groups"]
     positions = batch.get("position_ids")  # packed inputs restart positions per example
@@ -123,6 +128,8 @@ class Pretrainer(nn.Module):
       if self.sbo:
         left, right = batch["span_left"], batch["span_right"]
         out["sbo_logits"] = self.sbo_head(hidden, left, right, batch["mlm_positions"] - left - 1, self.embeddings)
+      if self.wklm_mentions:
+        out["wklm_logits"] = self.wklm_head(hidden, batch["wklm_first"], batch["wklm_last"])
     else:
       emb = self.embeddings(ids, types, self.deterministic, positions)
       gen_hidden = self.generator_encoder(emb, groups, position_ids=positions)

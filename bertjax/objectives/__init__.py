@@ -8,7 +8,7 @@ step with gradient accumulation exactly the large-batch step. Adding one is a mo
 
 from bertjax.core.config import active_objectives, check
 from bertjax.core.metrics import Mean
-from bertjax.objectives import distill, mlm, rtd, sbo, sentence, wso
+from bertjax.objectives import distill, mlm, rtd, sbo, sentence, wklm, wso
 
 REGISTRY = {
     "mlm": mlm,
@@ -18,6 +18,7 @@ REGISTRY = {
     "sbo": sbo,
     "wso": wso,
     "sso": sentence.sso,
+    "wklm": wklm,  # WKLM's entity replacement (configs/wklm.py)
     # Against a frozen teacher (configs/distill.py; the model is then a bertjax.model.distill.Distiller).
     "distill_ce": distill.ce,
     "distill_ce_masked": distill.ce_masked,
@@ -52,7 +53,8 @@ def total_loss(objectives: dict, outputs, batch, denominators=None):
 
 def validate(config):
   """Checks config.objectives: known names, at least MLM, the pairings some objectives need (rtd and a
-  generator, sentence pairs and segment types, sbo/wso and an MLM head), and distillation's MLM-only student;
+  generator, sentence pairs and segment types, sbo/wso and an MLM head, wklm and its mentions), and
+  distillation's MLM-only student;
   raises UserError with the fix on the first problem."""
   m = config.model
   unknown = set(config.objectives) - set(REGISTRY)
@@ -68,6 +70,12 @@ def validate(config):
         "--config.objectives.rtd and --config.model.generator_fraction, or neither")
   check(m.type_vocab_size >= 2 or not ({"nsp", "sop", "sso"} & set(objectives)),
         "NSP/SOP/SSO pairs need model.type_vocab_size >= 2")
+  check("wklm" not in objectives or config.data.get("units", ""),
+        "the wklm objective scores the mentions of data.units; set --config.data.units=conll:PATH or jsonl:PATH")
+  check("wklm" not in objectives or "rtd" not in objectives,
+        "the wklm objective reads the main encoder, which ELECTRA's corruption replaces; switch off one of them")
+  check("wklm" not in objectives or 0 < config.wklm.replace_prob < 1,
+        f"wklm.replace_prob={config.wklm.replace_prob} must be in (0, 1)")
   for name in ("sbo", "wso"):
     check(name not in objectives or "rtd" not in objectives,
           f"the {name} objective decodes through the MLM head on the main encoder, which ELECTRA's discriminator "

@@ -1,8 +1,9 @@
-"""On-device MLM masking (token, whole-word, n-gram, span) and StructBERT's trigram shuffling: pure,
-jittable, a fresh corruption from each rng.
+"""On-device MLM masking (token, whole-word, n-gram, span, ERNIE's units) and StructBERT's trigram shuffling:
+pure, jittable, a fresh corruption from each rng.
 
 Every scheme chooses `n = clip(round(mask_prob * candidates), 1, max_predictions)` tokens per example
-(SpanBERT's span scheme: ceil), never a special token or padding, and returns static-shape outputs:
+(SpanBERT's span scheme: ceil; ERNIE's draws per unit: bertjax.objectives.ernie), never a special token or
+padding, and returns static-shape outputs:
 `max_predictions` gathered positions whose unused slots carry weight 0. Chosen tokens become [MASK] / a
 random token / stay as they are with probabilities (mask_token_prob, random_token_prob, rest): BERT
 80/10/10, ELECTRA 85/0/15. Each slot also carries the boundaries of its span (the maximal run of masked
@@ -31,8 +32,9 @@ import numpy as np
 
 from bertjax.core import config as config_lib
 from bertjax.core.config import check
+from bertjax.objectives import ernie
 
-SCHEMES = ("token", "whole_word", "ngram", "span")
+SCHEMES = ("token", "whole_word", "ngram", "span", "ernie")
 REPLACE_DISTS = ("uniform", "unigram")
 TRIGRAM = 3  # StructBERT's K: "we randomly choose ... unmasked trigrams" (Wang et al. 2020, §2.2)
 # The 3-token permutations other than the identity: a shuffled trigram always changes order (an unshuffled
@@ -59,6 +61,7 @@ class MaskingConfig:
   max_shuffled: int = 0  # WSO slots per example (3 x the most trigrams), from shuffle_slots()
   replace_dist: str = "uniform"  # random replacements: uniform over the vocabulary | unigram (corpus counts)
   smoothing: float = 0.0  # token scheme: choose tokens with probability proportional to count^-smoothing (0: uniform)
+  units: bool = False  # word schemes over data.units' units (the batch's unit_start) instead of words
 
   @property
   def needs_counts(self) -> bool:
@@ -87,7 +90,7 @@ def make_config(config, special, evaluation: bool = False) -> MaskingConfig:
       scheme=k.scheme, mask_prob=rate, max_predictions=budget,
       mask_token_prob=k.mask_token_prob, random_token_prob=k.random_token_prob, max_ngram=k.max_ngram,
       span_p=k.span_p, max_span=k.max_span, replace_dist=k.get("replace_dist", "uniform"),
-      smoothing=float(k.get("smoothing", 0.0)), **_shuffling(config))
+      smoothing=float(k.get("smoothing", 0.0)), units=bool(k.get("units", False)), **_shuffling(config))
 
 
 def needs_counts(config) -> bool:
@@ -120,6 +123,10 @@ def validate(config):
   check(smoothing >= 0, f"masking.smoothing={smoothing} must be >= 0 (0: every token equally likely)")
   check(smoothing == 0 or k.scheme == "token",
         f"masking.smoothing={smoothing} weighs single tokens (DistilBERT); use --config.masking.scheme=token")
+  check(not k.get("units", False) or config.data.get("units", ""),
+        "masking.units=True masks data.units' entity/phrase units; set --config.data.units=conll:PATH or jsonl:PATH")
+  check(not k.get("units", False) or k.scheme != "token",
+        "masking.units=True masks whole units; use --config.masking.scheme=ernie or whole_word")
 
 
 def span_length_probs(cfg: MaskingConfig) -> np.ndarray:
@@ -327,21 +334,23 @@ def _random_ids(rng, input_ids, cfg: MaskingConfig, token_counts):
   return jnp.minimum(jnp.searchsorted(cdf, u, side="right"), cfg.vocab_size - 1).astype(input_ids.dtype)
 
 
-def mask_batch(rng, input_ids, word_start, cfg: MaskingConfig, token_counts=None):
+def mask_batch(rng, input_ids, word_start, cfg: MaskingConfig, token_counts=None, protect=None):
   """Masks a batch of token ids [B, S].
 
   Args:
     rng: fold (seed, step) into it for dynamic masking: a fresh mask every step, reproducible.
     input_ids: int32 [B, S], padding and special tokens included.
-    word_start: bool [B, S], True where a token begins a whole word (whole-word/n-gram/span schemes).
+    word_start: bool [B, S], True where a token begins a whole word (whole-word/n-gram/span/ernie schemes), or
+      with cfg.units where a unit begins (the batch's unit_start).
     cfg: the scheme, its rates, the ids never masked, [MASK]'s id and the vocabulary size.
     token_counts: [vocab] corpus counts of each id, when cfg.needs_counts (replace_dist unigram, smoothing).
+    protect: bool [B, S], tokens never masked (WKLM keeps MLM off its mentions), or None.
 
   Returns a dict: `input_ids` (corrupted), `mlm_positions` int32 [B, P], `mlm_labels` int32 [B, P]
   (original ids), `mlm_weights` float32 [B, P] (1 for a real prediction, 0 for padding slots), the slots'
   span boundaries `span_left`, `span_right`, `span_weights` [B, P] (see `span_boundaries`), and with
   cfg.shuffle_share > 0 StructBERT's shuffled trigrams (`shuffle_trigrams`: `wso_positions`, `wso_labels`,
-  `wso_weights`, and the shuffled `input_ids`).
+  `wso_weights`, and the shuffled `input_ids`); the ernie scheme adds `units_masked` and `units_cut` [B].
   """
   if cfg.scheme not in SCHEMES:
     raise ValueError(f"unknown masking scheme {cfg.scheme!r}")
@@ -350,8 +359,14 @@ def mask_batch(rng, input_ids, word_start, cfg: MaskingConfig, token_counts=None
   r_select, r_action, r_random = jax.random.split(rng, 3)
   r_shuffle = jax.random.fold_in(rng, 1)  # its own stream: adding WSO leaves the MLM masks as they were
   candidates = ~jnp.isin(input_ids, jnp.asarray(cfg.special_ids, input_ids.dtype))
+  if protect is not None:
+    candidates = candidates & ~protect
   n = _budget(candidates, cfg)
-  if cfg.scheme == "token":
+  u, extra = jax.random.uniform(r_action, input_ids.shape), {}
+  if cfg.scheme == "ernie":
+    selected, u, masked_units, cut = ernie.mask(r_select, candidates, word_start, cfg.max_predictions, cfg.mask_prob)
+    extra = dict(units_masked=masked_units, units_cut=cut)
+  elif cfg.scheme == "token":
     log_weights = None
     if cfg.smoothing > 0:  # DistilBERT: p(token) proportional to max(count, 1)^-smoothing
       counts = jnp.maximum(jnp.asarray(token_counts, jnp.float32), 1.0)
@@ -360,26 +375,32 @@ def mask_batch(rng, input_ids, word_start, cfg: MaskingConfig, token_counts=None
   else:
     selected, owner = _select_words(r_select, candidates, word_start, n, cfg)
   # 80/10/10 per token, or per span for SpanBERT (the whole span gets one action).
-  u = jax.random.uniform(r_action, input_ids.shape)
   if cfg.scheme == "span":
     u = jnp.take_along_axis(u, owner, axis=1)
-  random_ids = _random_ids(r_random, input_ids, cfg, token_counts)
+  out = corrupt_and_gather(input_ids, selected, u, _random_ids(r_random, input_ids, cfg, token_counts), candidates,
+                           cfg)
+  out.update(extra)
+  if cfg.shuffle_share > 0:
+    out.update(shuffle_trigrams(r_shuffle, out["input_ids"], candidates & ~selected, cfg))
+  return out
+
+
+def corrupt_and_gather(input_ids, selected, u, random_ids, candidates, cfg: MaskingConfig):
+  """The selected tokens corrupted by their action draws `u` [B, S] (below mask_token_prob: [MASK]; below
+  mask_token_prob + random_token_prob: `random_ids`; else kept) and gathered, in order, into max_predictions
+  slots: `input_ids`, `mlm_positions`, `mlm_labels`, `mlm_weights` and the slots' span boundaries."""
   corrupted = jnp.where(u < cfg.mask_token_prob, cfg.mask_id,
                         jnp.where(u < cfg.mask_token_prob + cfg.random_token_prob, random_ids, input_ids))
   masked_ids = jnp.where(selected, corrupted, input_ids)
-  # Gather the selected positions (in order) into max_predictions slots.
   s = input_ids.shape[1]
   key = jnp.where(selected, s - jnp.arange(s), 0)
   top, positions = jax.lax.top_k(key, cfg.max_predictions)
   positions = positions.astype(jnp.int32)
   weights = (top > 0).astype(jnp.float32)
-  out = dict(
+  return dict(
       input_ids=masked_ids,
       mlm_positions=positions,
       mlm_labels=jnp.take_along_axis(input_ids, positions, axis=1),
       mlm_weights=weights,
       **span_boundaries(selected, candidates, positions, weights),
   )
-  if cfg.shuffle_share > 0:
-    out.update(shuffle_trigrams(r_shuffle, masked_ids, candidates & ~selected, cfg))
-  return out

@@ -22,7 +22,7 @@ from bertjax.data import instances, prepare_lib
 from bertjax.data.tokenizer import SpecialIds
 from bertjax.model import attention as attention_lib, config as model_config
 from bertjax.model.pretrain import Pretrainer
-from bertjax.objectives import masking
+from bertjax.objectives import masking, wklm
 from bertjax.train import optim, step as step_lib
 
 
@@ -83,6 +83,7 @@ def make_model(config, platform: str | None = None) -> Pretrainer:
       sentence_classes=max([objectives_lib.SENTENCE_CLASSES[o] for o in sentence], default=2),
       sbo="sbo" in objectives,
       wso="wso" in objectives,
+      wklm_mentions=wklm.slots(config) if "wklm" in objectives else 0,
       sample_temperature=config.model.sample_temperature,
   )
   plugin = _plugin(config)
@@ -97,7 +98,8 @@ def dummy_batch(config, batch_size: int = 1) -> dict:
   return dict(input_ids=ints(batch_size, s), original_ids=ints(batch_size, s), type_ids=ints(batch_size, s),
               groups=jnp.ones((batch_size, s), jnp.int32), mlm_positions=ints(batch_size, p),
               mlm_weights=jnp.zeros((batch_size, p)), span_left=ints(batch_size, p), span_right=ints(batch_size, p),
-              wso_positions=ints(batch_size, max(q, 1)))
+              wso_positions=ints(batch_size, max(q, 1)), wklm_first=ints(batch_size, wklm.slots(config)),
+              wklm_last=ints(batch_size, wklm.slots(config)))
 
 
 def host_batch_spec(config, batch_size: int) -> dict:
@@ -109,6 +111,8 @@ def host_batch_spec(config, batch_size: int) -> dict:
               sentence_label=sds((batch_size,), jnp.int32), example_weight=sds((batch_size,), jnp.float32))
   if prepare_lib.resolve_format(config) == "packed":  # packed rows restart positions per example
     spec["position_ids"] = sds((batch_size, s), jnp.int32)
+  if config.data.get("units", ""):  # entity/phrase spans (bertjax.data.units)
+    spec["unit_start"], spec["mention"] = sds((batch_size, s), jnp.bool_), sds((batch_size, s), jnp.int32)
   return spec
 
 
@@ -153,7 +157,8 @@ def step_config(config, special: SpecialIds, token_counts=None) -> step_lib.Step
       seed=config.seed, masking=masking_cfg, token_counts=token_counts,
       eval_masking=None if eval_masking == masking_cfg else eval_masking,
       objectives=tuple(config_lib.active_objectives(config).items()), grad_accum_steps=config.grad_accum_steps,
-      report_every=config.log_every, report_at=tuple(p.end for p in config_lib.phases(config)))
+      report_every=config.log_every, report_at=tuple(p.end for p in config_lib.phases(config)),
+      wklm_mentions=wklm.slots(config) if "wklm" in config_lib.active_objectives(config) else 0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from flax import linen as nn
 
 from bertjax import objectives
 from bertjax.core.metrics import Mean, Sum
-from bertjax.objectives import masking
+from bertjax.objectives import masking, wklm
 
 # Every random use in a step has its own stream; a stream's key is folded from (seed, step, the stream's
 # name, microbatch index), so streams cannot collide by sharing a small integer (the masking key was once
@@ -66,6 +66,7 @@ class StepConfig:
   # Eval batches' masking when it differs from training's (masking.eval_mask_prob: ModernBERT trains at 30% and
   # evaluates at 15%); None: the training masking.
   eval_masking: Any = None
+  wklm_mentions: int = 0  # WKLM's mention slots per example (0: no wklm objective)
 
 
 def reports(done, cfg: StepConfig):
@@ -80,11 +81,18 @@ def apply_masking(rng, batch, cfg: StepConfig, evaluation: bool = False):
   """The batch with MLM masking applied on device (original ids kept for labels and RTD); `evaluation`: with the
   eval masking (cfg.eval_masking, where set)."""
   scheme = cfg.eval_masking if evaluation and cfg.eval_masking is not None else cfg.masking
-  masked = masking.mask_batch(rng, batch["input_ids"], batch["word_start"], scheme, cfg.token_counts)
+  boundaries = batch["unit_start"] if scheme.units else batch["word_start"]  # masking.units: ERNIE's units
+  protect = wklm.protected(batch["mention"]) if cfg.wklm_mentions else None  # WKLM: no MLM mask on a mention
+  masked = masking.mask_batch(rng, batch["input_ids"], boundaries, scheme, cfg.token_counts, protect)
+  if cfg.wklm_mentions:
+    masked.update(wklm.mention_slots(batch["mention"], cfg.wklm_mentions))
   out = dict(batch, original_ids=batch["input_ids"], **masked)
-  for key in ("mlm_weights", "span_weights", "wso_weights"):  # padded eval rows weigh 0
+  for key in ("mlm_weights", "span_weights", "wso_weights", "wklm_weights"):  # padded eval rows weigh 0
     if key in out:
       out[key] = masked[key] * batch["example_weight"][:, None]
+  for key in ("units_masked", "units_cut"):
+    if key in out:
+      out[key] = masked[key] * batch["example_weight"]
   return out
 
 
