@@ -1,15 +1,17 @@
 """The classification task family (GLUE's shapes): sentence or sentence-pair classification, and regression
 (one output, MSE), as a task module of the fine-tuning trainer (the interface: bertjax.finetune.tasks).
 
-Its parts: `data` reads and encodes the TSV / tfds splits, `model` holds the Classifier heads, `metrics`
-GLUE's metrics. This module only wires them to the trainer's calls.
+Its parts, in this package: `data` reads and encodes the TSV / tfds splits, `model` holds the Classifier heads,
+`metrics` GLUE's metrics, `hf` saved classifiers and transformers' *ForSequenceClassification, `glue` the
+suite's GLUE tasks and recipes. This module only wires them to the trainer's calls.
 """
 
 import numpy as np
 import optax
 
 from bertjax.core.errors import UserError
-from bertjax.finetune import data as task_data, metrics as task_metrics, model as task_model
+from bertjax.finetune.classification import data as task_data, metrics as task_metrics, model as task_model
+from bertjax.finetune.model import init_params as pretrained_init
 from bertjax.finetune.tasks import TaskData
 from bertjax.hf import configs as hf_configs
 
@@ -49,14 +51,22 @@ def pretrained_pooler(loaded):
   return loaded.params.get("sentence", {}).get("pooler", loaded.pooler)
 
 
-def prepare(config, loaded) -> TaskData:
-  """Reads both splits (subsampled as task.max_*_examples say) and encodes them to seq_len with the
-  checkpoint's tokenizer: input_ids, type_ids, groups, label. Further evaluation splits (task.extra_eval,
-  MNLI's mismatched dev set) are appended to the eval arrays, told apart by an `eval_split` field."""
+def read(config) -> tuple:
+  """(training examples, [evaluation examples of each eval split]): both splits read and checked (subsampled as
+  task.max_*_examples say), before the trainer loads the checkpoint."""
   task = config.task
   train_ex = task_data.subsample(task_data.read_split(task, True), task.max_train_examples, config.seed)
   evals = [task_data.subsample(task_data.read_split(task, False, name), task.max_eval_examples, config.seed)
            for name in [""] + task_data.extra_eval_names(task)]
+  return train_ex, evals
+
+
+def prepare(config, loaded, raw: tuple | None = None) -> TaskData:
+  """Encodes both splits (`raw`, what `read` returned; read now when None) to seq_len with the checkpoint's
+  tokenizer: input_ids, type_ids, groups, label. Further evaluation splits (task.extra_eval, MNLI's mismatched
+  dev set) are appended to the eval arrays, told apart by an `eval_split` field."""
+  task = config.task
+  train_ex, evals = raw if raw is not None else read(config)
   head = head_kind(config, loaded)
   pooler = pretrained_pooler(loaded)
   encoded = [task_data.encode(ex, loaded.tokenizer, config.seq_len) for ex in evals]
@@ -83,7 +93,7 @@ def model(config, cfg, data: TaskData, deterministic: bool) -> task_model.Classi
 
 def init_params(model, rng, loaded) -> tuple[dict, list]:
   """(params, names of the fresh parts): encoder and embeddings (and the pooler) pretrained, head from `rng`."""
-  return task_model.init_params(model, rng, loaded.params, pretrained_pooler(loaded))
+  return pretrained_init(model, rng, loaded.params, pretrained_pooler(loaded))
 
 
 def loss(outputs, batch):
@@ -111,6 +121,6 @@ def evaluate(outputs, data: TaskData, config, seed_dir: str) -> dict:
 
 
 def save_model(directory: str, run_config, model, params) -> None:
-  """A seed's fine-tuned classifier, as bertjax.compress.prune and model.load_model read it."""
+  """A seed's fine-tuned classifier, as bertjax.compress.prune and classification.model.load_model read it."""
   task_model.save_model(directory, run_config, model, params)
 
