@@ -331,7 +331,8 @@ def finetune(config, workdir: str) -> dict:
   t0 = time.time()
   setup = prepare(config)
   info = setup["info"]
-  extra = f"; pooler {info['pooler']}" if "pooler" in info else ""
+  extra = (f"; pooler {info['pooler']}" if "pooler" in info else "") + (
+      f"; pooling {info['pooling']}" if "pooling" in info else "")
   print(f"task {config.task.name}: {info['train_examples']} train / {info['eval_examples']} eval examples "
         f"({info.get('skipped_rows', 0)} rows skipped); {setup['total']} steps x batch {config.batch_size}; "
         f"model {info['model']}{extra} [{time.time() - t0:.1f}s]", flush=True)
