@@ -156,4 +156,5 @@ def read_classifier_head(hf_dir: str) -> tuple:
 
 
 def to_device(params) -> dict:
+  """Imported (numpy) params as jax arrays, as a loaded task model holds them."""
   return jax.tree.map(jnp.asarray, params)

@@ -25,12 +25,11 @@ def read_inputs(args, ft_config) -> task_data.Examples:
     return task_data.read_tsv(args.input, task, labeled=False)
   if args.lines:
     rows = [(n, line.split("\t")) for n, line in cli.read_lines(args.lines)]
-    widths = {len(parts) for _, parts in rows}
     bad = next(((n, p) for n, p in rows if len(p) > 2 or len(p) != len(rows[0][1])), None)
     if bad is not None:
       raise UserError(f"{args.lines}:{bad[0]}: {len(bad[1])} tab-separated texts where the first line has "
                       f"{len(rows[0][1])}; give one text a line, or a pair as TEXT<TAB>TEXT on every line")
-    pairs = widths == {2}
+    pairs = len(rows[0][1]) == 2
     return task_data.Examples([p[0] for _, p in rows], [p[1] for _, p in rows] if pairs else None,
                               np.zeros(len(rows), np.int32))
   if args.text_b and not args.text:
@@ -39,6 +38,7 @@ def read_inputs(args, ft_config) -> task_data.Examples:
 
 
 def _label_names(tm, ft_config) -> list:
+  """The class names: the model's own (an HF import's id2label), else the fine-tuning run's task.labels."""
   names = tm.info.get("labels") or []
   if not names and ft_config is not None:
     names = task_data.label_names(ft_config.task)

@@ -6,6 +6,9 @@ fine-tuning scores."""
 import os
 import re
 
+import ml_collections
+
+from bertjax.core.errors import UserError
 from bertjax.finetune import predict as cli
 from bertjax.finetune.tagging import data as tag_data, metrics as tag_metrics
 from bertjax.finetune.tasks import TOKEN_FIELDS
@@ -32,15 +35,11 @@ def _columns(path: str) -> int:
 
 def read_inputs(args, ft_config) -> tuple:
   """(sentences, gold tags or None), read and checked before the model is loaded."""
-  from bertjax.core.errors import UserError
-
   cli.only_flags(args, ("input", "lines", "text"), "tagging")
   if args.input:
     task = dict(token_column=0, tag_column=-1, strip_token_prefix="")
     if ft_config is not None:
       task.update(token_column=ft_config.task.token_column, strip_token_prefix=ft_config.task.get("strip_token_prefix", ""))
-    import ml_collections
-
     s = tag_data.read_conll(args.input, ml_collections.ConfigDict(task))
     gold = s.tags if _columns(args.input) > 1 else None
     return tag_data.Sentences(s.words, [["O"] * len(w) for w in s.words], s.lines, s.path), gold
