@@ -89,8 +89,9 @@ def finetune_job(variant: str, batch: int, seq_len: int, overrides: dict) -> ben
   import jax
   import numpy as np
 
-  from bertjax.finetune import classification, train
-  from bertjax.finetune.model import Classifier
+  from bertjax.finetune import train
+  from bertjax.finetune.classification import task as classification
+  from bertjax.finetune.classification.model import Classifier
   from bertjax.model import config as model_config
   from bertjax.train import optim
 

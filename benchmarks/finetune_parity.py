@@ -157,7 +157,7 @@ def same_inputs(config, data_dir, columns, labels) -> tuple[int, int]:
   import numpy as np
   import transformers
 
-  from bertjax.finetune import data as task_data
+  from bertjax.finetune.classification import data as task_data
   from bertjax.hf import inference
 
   tok = inference.load(hf_dir=config.init.checkpoint).tokenizer

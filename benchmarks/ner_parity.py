@@ -52,7 +52,7 @@ DATASETS = {  # name: (directory under ner/, train file, dev file, token prefix)
 
 def write_subsets(args, name: str, out: str) -> str:
   """out/train.txt and out/dev.txt: the dataset's sentences (subsets drawn with seed 0), prefix stripped."""
-  from bertjax.finetune import tag_data
+  from bertjax.finetune.tagging import data as tag_data
   import ml_collections
 
   directory, train_file, dev_file, prefix = DATASETS[name]
@@ -88,7 +88,7 @@ def bertjax_draws(config, seed: int, setup: dict) -> dict:
   from bertjax.data import pipeline
   from bertjax.finetune import train
 
-  from bertjax.finetune import tag_data, tagging
+  from bertjax.finetune.tagging import data as tag_data, task as tagging
 
   # bertjax permutes windows; a sentence longer than the window has several. PyTorch (which truncates) gets
   # the sentences in the order of their first window.
@@ -134,7 +134,7 @@ def run_torch(config, data_dir, labels, seed: int, draws) -> tuple[float, float,
   from seqeval.metrics import f1_score
 
   import torch_reference as ref
-  from bertjax.finetune import tag_data
+  from bertjax.finetune.tagging import data as tag_data
 
   torch.manual_seed(seed)
   tok = transformers.AutoTokenizer.from_pretrained(config.init.checkpoint)

@@ -23,12 +23,12 @@ bertjax groups them); only dropout is each side's own. At the CPU sizes the mode
 and row order move F1 by several points, which two unpaired seeds a side cannot average away; paired, the
 difference measures the implementations. --paired=0: each side draws its own head and order.
 
-Both sides train on the SAME windows (bertjax's squad_features: [CLS] q [SEP] context chunk [SEP], labels
+Both sides train on the SAME windows (bertjax's squad.features: [CLS] q [SEP] context chunk [SEP], labels
 from the tokenizer's offsets, windows without the answer at [CLS]); PyTorch runs a plain loop over
 BertForQuestionAnswering (its own loss, padding in the softmax) as the HF Trainer does. bertjax
-post-processes with its vectorized squad_post; PyTorch with a per-feature Python loop in the manner of
+post-processes with its vectorized squad.post; PyTorch with a per-feature Python loop in the manner of
 run_qa.py's utils_qa.postprocess_qa_predictions (top-n starts x ends, min null score, no max-context rule).
-Both are scored by bertjax.finetune.squad_eval (the official definitions). Prints EM/F1 per seed and side,
+Both are scored by bertjax.finetune.squad.evaluate (the official definitions). Prints EM/F1 per seed and side,
 PyTorch's F1 with bertjax's post-processing of its logits beside it (which part of a difference is training),
 the means and differences (target: within 1.0 F1), and the time ratios (training, post-processing).
 """
@@ -100,7 +100,8 @@ def bertjax_config(args, version: str, data_dir: str, seed: int):
 def run_bertjax(config, setup: dict, workdir: str) -> tuple[dict, float, float]:
   """(metrics, training seconds (the first seed's include compiling), post-processing seconds) of
   `python -m bertjax.finetune`'s code: its run_seed over a shared setup, as the trainer runs its seeds."""
-  from bertjax.finetune import squad, train
+  from bertjax.finetune import train
+  from bertjax.finetune.squad import task as squad
 
   timings = {}
   original = squad.answers
@@ -161,7 +162,7 @@ def run_torch(args, config, setup, seed: int) -> tuple[dict, float, float]:
   import transformers
 
   from bertjax.data import pipeline
-  from bertjax.finetune import squad
+  from bertjax.finetune.squad import task as squad
 
   torch.manual_seed(seed)
   model = transformers.BertForQuestionAnswering.from_pretrained(args.checkpoint)

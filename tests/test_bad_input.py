@@ -101,7 +101,7 @@ def test_libtpu_without_a_tpu_prints_nothing(tmp_path):
 
 @pytest.mark.parametrize("module", ["train", "summary", "train.bench", "aot", "data.prepare", "finetune", "hf",
                                     "compress.prune", "compress.analysis", "distill", "finetune.suite",
-                                    "finetune.squad_eval", "finetune.qa_io", "finetune.predict"])
+                                    "finetune.squad.evaluate", "finetune.predict"])
 def test_every_cli_parses_its_flags_into_one_line_errors(module):
   import subprocess
   import sys
@@ -132,3 +132,77 @@ def test_without_workdir_a_run_gets_a_fresh_one(tmp_path, monkeypatch):
 
   monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
   assert default_workdir("configs/bert.py:tiny") != default_workdir("configs/bert.py:tiny")
+
+
+# A malformed task file for each family (the file fine-tuning reads first, and the line its error names).
+BAD_TASK_FILES = {
+    "sst2": ("tsv", "train.tsv", "text\tlabel\nfine\t1\n", "has no column 'sentence'"),
+    "squad2": ("json", "train-v2.0.json", '{"data": [', "not valid JSON"),
+    "ner": ("conll", "train.txt", "Anna B-PER\nSmith I-PER extra\n", ":2: 3 columns"),
+    "swag": ("jsonl", "train.jsonl", '{"context": "a", "choices": ["b", "c"], "label": 0}\nnot json\n', ":2: not a JSON"),
+}
+
+
+def _bad_task(tmp_path, preset):
+  from conftest import load_config
+
+  kind, name, text, fragment = BAD_TASK_FILES[preset]
+  (tmp_path / "data").mkdir()
+  (tmp_path / "data" / name).write_text(text)
+  config = load_config(f"configs/finetune.py:{preset}")
+  config.task.source = f"{kind}:{tmp_path / 'data'}"
+  if preset == "swag":
+    config.task.train_file = name
+  config.init.checkpoint = str(tmp_path / "no_checkpoint_here")  # absent: loading it would fail on its own
+  return config, str(tmp_path / "data" / name), fragment
+
+
+@pytest.mark.parametrize("preset", sorted(BAD_TASK_FILES))
+def test_a_bad_task_file_fails_before_the_checkpoint_loads(tmp_path, monkeypatch, preset):
+  """Every family reads and checks its task files first: the error names the file, and the checkpoint is never
+  touched (the trainer's loader would raise if it were called)."""
+  from bertjax.core.errors import UserError
+  from bertjax.finetune import train
+
+  config, path, fragment = _bad_task(tmp_path, preset)
+
+  def never(init):
+    raise AssertionError(f"the checkpoint {init.checkpoint} was loaded before the task file was checked")
+
+  monkeypatch.setattr(train, "load_checkpoint", never)
+  with pytest.raises(UserError) as e:
+    train.finetune(config, str(tmp_path / "ft"))
+  assert path in str(e.value) and fragment in str(e.value), str(e.value)
+
+
+def test_finetune_cli_names_a_bad_task_file_in_one_line_without_loading_the_checkpoint(tmp_path):
+  """The command line: exit 2 and one line naming the file (with an absent checkpoint, whose error would
+  name the checkpoint instead if it were loaded first)."""
+  import subprocess
+  import sys
+
+  from conftest import REPO
+
+  _, path, fragment = _bad_task(tmp_path, "ner")
+  proc = subprocess.run([sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune.py:ner",
+                         f"--config.task.source=conll:{tmp_path / 'data'}",
+                         f"--config.init.checkpoint={tmp_path / 'no_checkpoint_here'}", f"--workdir={tmp_path / 'ft'}"],
+                        cwd=REPO, capture_output=True, text=True, timeout=300)
+  _one_line_error(proc, f"{path}{fragment}")
+
+
+def test_predict_names_a_bad_input_file_before_loading_the_model(tmp_path, capsys):
+  """`python -m bertjax.finetune.predict` reads its input before the model: a model directory with only its
+  task.json (no weights: loading would fail) and a malformed CoNLL file give the input's one-line error."""
+  import json
+
+  from bertjax.finetune import predict
+
+  model = tmp_path / "model"
+  model.mkdir()
+  (model / "task.json").write_text(json.dumps({"kind": "tagging", "labels": ["O"]}))
+  bad = tmp_path / "in.conll"
+  bad.write_text("Anna\nSmith I-PER\n")
+  assert predict.main([f"--model={model}", f"--input={bad}"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(f"error: {bad}:2: 2 columns"), err

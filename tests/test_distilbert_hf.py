@@ -129,6 +129,7 @@ def test_fine_tuning_starts_from_an_imported_distilbert_and_exports_to_transform
   learn with DistilBERT's head (auto), and the saved classifier exports to DistilBertForSequenceClassification,
   which scores the dev rows as bertjax did."""
   from bertjax.finetune import model as ft_model, task_models, train
+  from bertjax.finetune.classification import model as cls_model
   from conftest import load_config
 
   words = "good bad film plot actor scene music story the a was is very".split()
@@ -156,7 +157,7 @@ def test_fine_tuning_starts_from_an_imported_distilbert_and_exports_to_transform
   config.save_model = True
   results = train.finetune(config, str(tmp_path / "ft"))
   assert results["per_seed"][0]["accuracy"] > 0.9, results  # chance is 0.5
-  run_config, model, params = ft_model.load_model(str(tmp_path / "ft" / "seed_0" / ft_model.MODEL_DIR))
+  run_config, model, params = cls_model.load_model(str(tmp_path / "ft" / "seed_0" / ft_model.MODEL_DIR))
   assert model.head == "distilbert" and "pre_classifier" in params
   evals = train.prepare(config)["eval"]
   ours = train.predict(params, evals, model, 64)

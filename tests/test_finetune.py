@@ -9,7 +9,8 @@ import pytest
 import tokenizers
 
 from bertjax.data import sources
-from bertjax.finetune import data as task_data, metrics
+from bertjax.finetune import train as ft_train
+from bertjax.finetune.classification import data as task_data, metrics
 from bertjax.finetune.model import layer_multipliers
 from bertjax.hf import convert
 from bertjax.model.hparams import EncoderConfig
@@ -22,7 +23,7 @@ def test_metrics_match_their_definitions():
   assert metrics.f1(pred, label) == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
   assert metrics.mcc(pred, label) == pytest.approx((2 * 1 - 1 * 1) / np.sqrt(3 * 3 * 2 * 2))
   assert metrics.spearman(np.array([0.1, 0.5, 0.3]), np.array([1.0, 3.0, 2.0])) == pytest.approx(1.0)
-  s = metrics.summarize([{"accuracy": 0.5}, {"accuracy": 0.7}, {"accuracy": 0.9}])["accuracy"]
+  s = ft_train.summarize([{"accuracy": 0.5}, {"accuracy": 0.7}, {"accuracy": 0.9}])["accuracy"]
   assert (s["median"], s["mean"]) == (pytest.approx(0.7), pytest.approx(0.7))
   assert s["std"] == pytest.approx(np.std([0.5, 0.7, 0.9]))
 
@@ -162,8 +163,9 @@ def test_tiny_model_learns_a_generated_pair_task(tmp_path, capsys):
   assert os.path.exists(tmp_path / "ft" / "seed_1" / "metrics.jsonl")
   # save_model: each seed's fine-tuned classifier loads back and scores what the run reported.
   from bertjax.finetune import model as ft_model
+  from bertjax.finetune.classification import model as cls_model
 
-  _, model, params = ft_model.load_model(str(tmp_path / "ft" / "seed_1" / ft_model.MODEL_DIR))
+  _, model, params = cls_model.load_model(str(tmp_path / "ft" / "seed_1" / ft_model.MODEL_DIR))
   evals = train.prepare(config)["eval"]
   assert train.predict(params, evals, model, 64).argmax(-1).__eq__(evals["label"]).mean() == accs[1]
 

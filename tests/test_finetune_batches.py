@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from bertjax.core.errors import UserError
-from bertjax.finetune import batches, classification, model as ft_model, tasks, train
+from bertjax.core import sharding as sh
+from bertjax.finetune import batches, tasks, train
+from bertjax.finetune.classification import model as cls_model, task as classification
 from bertjax.model import config as model_config
 from conftest import load_config, micro
 
@@ -38,9 +40,9 @@ def _arrays(n=40, seed=0, short=False):
 @functools.lru_cache(maxsize=1)
 def _classifier():
   cfg = model_config.encoder_config(micro("configs/bert.py:tiny", **{"model.vocab_size": 50}).model)
-  model = ft_model.Classifier(cfg, 2, deterministic=True)
+  model = cls_model.Classifier(cfg, 2, deterministic=True)
   ids = jnp.zeros((1, 8), jnp.int32)
-  return model, ft_model.sh.strip_boxes(model.init(jax.random.key(0), ids, ids, jnp.ones_like(ids))["params"])
+  return model, sh.strip_boxes(model.init(jax.random.key(0), ids, ids, jnp.ones_like(ids))["params"])
 
 
 def test_bucket_lengths_default_to_multiples_of_32_and_end_at_seq_len():
@@ -107,7 +109,7 @@ def test_a_batch_has_the_same_loss_and_gradients_at_its_bucket_and_at_seq_len(dr
   rng = None
   if dropout:
     cfg = dataclasses.replace(model.cfg, dropout_length=SEQ, dropout=0.3, attention_dropout=0.3)
-    model, rng = ft_model.Classifier(cfg, 2, classifier_dropout=0.3, deterministic=False), jax.random.key(3)
+    model, rng = cls_model.Classifier(cfg, 2, classifier_dropout=0.3, deterministic=False), jax.random.key(3)
   arrays = _arrays(short=True)
   config = _config()
   layout = batches.layout(config, arrays, tasks.TOKEN_FIELDS)

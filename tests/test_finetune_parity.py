@@ -18,7 +18,8 @@ import pytest
 
 from bertjax.data.tokenizer import SPM_SPECIAL
 from bertjax.finetune import train as ft
-from bertjax.finetune.model import Classifier, init_params
+from bertjax.finetune.classification.model import Classifier
+from bertjax.finetune.model import init_params
 from bertjax.hf import convert, weights as W
 from bertjax.model import config as model_config
 from bertjax.train import build

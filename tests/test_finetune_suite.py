@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from bertjax.core.errors import UserError
-from bertjax.finetune import glue, suite
+from bertjax.finetune import suite
+from bertjax.finetune.classification import glue
 from conftest import load_config, micro
 
 WORDS = "the a cat dog sat ran on under mat rug big small red blue happy sad film movie good bad".split()

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from bertjax.compress import prune as heads
+from bertjax.core import sharding as sh
 from bertjax.finetune import model as ft_model
+from bertjax.finetune.classification import model as cls_model
 from bertjax.model import config as model_config
 from conftest import load_config, micro
 
@@ -18,9 +20,9 @@ from conftest import load_config, micro
 def _classifier(num_heads=4, seed=0):
   run_config = micro("configs/bert.py:tiny", **{"model.num_heads": num_heads, "model.vocab_size": 50})
   cfg = model_config.encoder_config(run_config.model)
-  model = ft_model.Classifier(cfg, 2, deterministic=True)
+  model = cls_model.Classifier(cfg, 2, deterministic=True)
   ids = jnp.zeros((1, 8), jnp.int32)
-  params = jax.tree.map(np.array, ft_model.sh.strip_boxes(
+  params = jax.tree.map(np.array, sh.strip_boxes(
       model.init(jax.random.key(seed), ids, ids, jnp.ones_like(ids))["params"]))
   return run_config, model, params
 
@@ -52,12 +54,12 @@ def test_gating_a_head_to_zero_equals_removing_its_weights(tmp_path):
   assert pruned["encoder"]["layers"]["attention"]["output"]["kernel"].shape == (2, 3, 16, 64)
   # One head slot fewer in each of 2 layers: q, k, v kernels and biases, and its output-projection rows.
   assert heads.num_params(pruned) == heads.num_params(params) - 2 * (3 * (64 * 16 + 16) + 16 * 64)
-  small = ft_model.Classifier(model_config.encoder_config(config.model), 2, deterministic=True)
+  small = cls_model.Classifier(model_config.encoder_config(config.model), 2, deterministic=True)
   np.testing.assert_allclose(_outputs(small, pruned, data), gated, atol=2e-5)
 
   # Saved and loaded back, the physically smaller model gives the same outputs.
-  ft_model.save_model(str(tmp_path / "pruned"), config, small, pruned)
-  _, loaded_model, loaded = ft_model.load_model(str(tmp_path / "pruned"))
+  cls_model.save_model(str(tmp_path / "pruned"), config, small, pruned)
+  _, loaded_model, loaded = cls_model.load_model(str(tmp_path / "pruned"))
   assert loaded_model.cfg.num_heads == 3
   np.testing.assert_allclose(_outputs(loaded_model, loaded, data), gated, atol=2e-5)
 
@@ -135,7 +137,7 @@ def test_prune_curve_follows_the_importance_ranking_at_every_step():
     assert np.abs(gated - full).max() > 1e-4  # beyond the dead head, live heads are gone, and it shows
   gates = np.asarray(curve[2]["gates"], np.float32)  # 4 of 8 removed (one compile of the smaller model)
   config, pruned = heads.prune(run_config, dead, gates)
-  small = ft_model.Classifier(model_config.encoder_config(config.model), 2, deterministic=True)
+  small = cls_model.Classifier(model_config.encoder_config(config.model), 2, deterministic=True)
   np.testing.assert_allclose(_outputs(small, pruned, data), _outputs(model, dead, data, gates), atol=2e-5)
 
 
@@ -162,10 +164,10 @@ def finetuned(tmp_path_factory):
   workdir = tmp / "ft"
   workdir.mkdir()
   (workdir / "config.json").write_text(config.to_json())
-  model = ft_model.Classifier(model_config.encoder_config(pre.model), 2, deterministic=True)
+  model = cls_model.Classifier(model_config.encoder_config(pre.model), 2, deterministic=True)
   ids = jnp.zeros((1, 8), jnp.int32)
-  params = ft_model.sh.strip_boxes(model.init(jax.random.key(0), ids, ids, jnp.ones_like(ids))["params"])
-  ft_model.save_model(str(workdir / "seed_0" / ft_model.MODEL_DIR), pre, model, params)
+  params = sh.strip_boxes(model.init(jax.random.key(0), ids, ids, jnp.ones_like(ids))["params"])
+  cls_model.save_model(str(workdir / "seed_0" / ft_model.MODEL_DIR), pre, model, params)
   return str(workdir)
 
 

@@ -132,7 +132,7 @@ def test_a_cls_classifier_s_last_layer_computes_only_cls_and_gives_the_full_stac
   """A [CLS]-pooled classifier asks the encoder for its [CLS] rows only (Encoder `outputs_at`): the last layer
   then computes those queries alone (fewer FLOPs), and logits and gradients (head gates' included) equal the full
   stack's, which runs whenever a pass needs every position (here: sown intermediates). Packed rows too."""
-  from bertjax.finetune.model import Classifier
+  from bertjax.finetune.classification.model import Classifier
 
   fields = dict(vocab_size=50, hidden_size=16, num_layers=3, num_heads=2, intermediate_size=32, embedding_size=16,
                 max_positions=32)

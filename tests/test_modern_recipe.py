@@ -161,7 +161,8 @@ def test_packed_classification_rows_give_the_unpacked_logits_and_loss(spec):
   """finetune pack_train: examples packed several to a row (groups, restarted positions, a gathered [CLS] each)
   give each example the logits it gets alone in a padded row, and the same mean training loss (learned positions;
   RoPE with a sliding window shorter than the row)."""
-  from bertjax.finetune import batches, classification, model as task_model, train as ft
+  from bertjax.finetune import batches, train as ft
+  from bertjax.finetune.classification import model as task_model, task as classification
   from bertjax.model import config as model_config
 
   cfg = model_config.encoder_config(micro(spec, **{"model.local_window": 8}).model)

@@ -154,6 +154,47 @@ def test_sequence_classification_in_and_out(tmp_path):
   np.testing.assert_array_equal(imp.pooler["dense"]["kernel"], tm.params["pooler"]["dense"]["kernel"])
 
 
+def _pooling_run(tmp_path, logits=True, **model):
+  """Fine-tuning's model (train.prepare, as `python -m bertjax.finetune` builds it) over a random micro
+  ModernBertForSequenceClassification whose config.json says classifier_pooling=mean, and transformers' logits."""
+  from bertjax.finetune import train
+
+  torch.manual_seed(0)
+  theirs = _perturb_norms(transformers.ModernBertForSequenceClassification(hf_config(num_labels=2, classifier_pooling="mean")))
+  ckpt = str(tmp_path / "cls")
+  theirs.save_pretrained(ckpt)
+  _bpe_tokenizer(ckpt)
+  (tmp_path / "task").mkdir()
+  for name in ("train.tsv", "dev.tsv"):
+    (tmp_path / "task" / name).write_text("sentence\tlabel\n" + "The quick brown fox.\t1\nThe lazy dog.\t0\n" * 4)
+  config = load_config("configs/finetune.py:tiny")
+  config.task.source, config.init.checkpoint, config.seq_len = f"tsv:{tmp_path / 'task'}", ckpt, 32
+  for key, value in model.items():
+    config.model[key] = value
+  setup = train.prepare(config)
+  ours = setup["task"].model(config, setup["cfg"], setup["data"], deterministic=True)
+  if not logits:
+    return ours, setup, None
+  params, _ = setup["task"].init_params(ours, jax.random.key(0), setup["loaded"])
+  params["classifier"] = task_models.load(ckpt).params["classifier"]  # the head init draws fresh; take theirs
+  ids, mask = _inputs()
+  with torch.no_grad():
+    expected = theirs(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+  got = np.asarray(jax.jit(ours.apply)({"params": params}, ids, np.zeros_like(ids), mask))
+  return ours, setup, np.abs(got - expected).max()
+
+
+def test_fine_tuning_pools_as_the_checkpoints_config_says_unless_told(tmp_path):
+  """A ModernBERT checkpoint whose config.json says classifier_pooling=mean is fine-tuned with mean pooling (the
+  model transformers builds from it), not [CLS] (46a1046 pooled [CLS] silently); --config.model.pooling=cls
+  given explicitly still wins."""
+  ours, setup, diff = _pooling_run(tmp_path / "auto")
+  assert ours.pooling == "mean" and setup["info"]["pooling"] == "mean"
+  assert diff < 1e-4, diff  # fine-tuning starts from transformers' function of the checkpoint
+  ours, setup, _ = _pooling_run(tmp_path / "cls", logits=False, pooling="cls")
+  assert ours.pooling == "cls" and setup["info"]["pooling"] == "cls"
+
+
 @pytest.mark.parametrize("change, key", [
     (dict(rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),

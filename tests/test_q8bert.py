@@ -14,7 +14,7 @@ from scipy.special import erf
 from bertjax.compress import q8bert
 from bertjax.core import sharding as sh
 from bertjax.finetune import train
-from bertjax.finetune.model import Classifier
+from bertjax.finetune.classification.model import Classifier
 from bertjax.model.hparams import EncoderConfig, QUANT_RANGES
 from conftest import load_config
 

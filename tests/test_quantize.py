@@ -11,7 +11,7 @@ pytest.importorskip("qwix")
 
 from bertjax.compress import quantize
 from bertjax.core import sharding as sh
-from bertjax.finetune.model import Classifier
+from bertjax.finetune.classification.model import Classifier
 from bertjax.model import config as model_config
 from conftest import micro
 

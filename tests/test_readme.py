@@ -45,7 +45,9 @@ OVERRIDES = {
     ("bertjax.finetune", None, "configs/finetune.py:squad2"): (
         {}, ("--config.seq_len=128", "--config.task.doc_stride=64", "--config.task.max_query_length=32",
              "--config.total_steps=10", "--config.seeds=1")),
-    ("bertjax.finetune.squad_eval", "/data/squad/dev-v2.0.json", None): ({}, ()),
+    ("bertjax.finetune.squad.evaluate", "/data/squad/dev-v2.0.json", None): ({}, ()),
+    # One entry for every family's predict command (they differ only in their flags).
+    ("bertjax.finetune.predict", None, None): ({}, ()),
     ("bertjax.finetune", None, "configs/finetune.py:ner"): ({}, ("--config.total_steps=10", "--config.seeds=1")),
     ("bertjax.finetune", None, "configs/finetune.py:swag"): (
         {}, ("--config.seq_len=64", "--config.total_steps=10", "--config.seeds=1")),
@@ -225,3 +227,84 @@ def test_every_readme_command_runs_in_order(tmp_path):
     if proc.returncode != 0:
       failures.append(f"{command}\n  exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
   assert not failures, "README commands that failed:\n" + "\n".join(failures)
+
+
+PREDICT = [c for c in COMMANDS if command_key(c)[0] == "bertjax.finetune.predict"]
+
+
+def _finetune_command(workdir):
+  """The README command that fine-tunes into `workdir` (the one whose saved model a predict command reads)."""
+  return next(c for c in COMMANDS if command_key(c)[0] == "bertjax.finetune" and f"--workdir={workdir}" in c)
+
+
+def _config_of(command, tmp):
+  """The fine-tuning config a README command runs with (its --config file and --config.* overrides, CPU-sized)."""
+  import ast
+
+  from bertjax.core import config as config_lib
+
+  args = cpu_sized(command, tmp)[3:]
+  config = config_lib.load(os.path.join(REPO, next(a.split("=", 1)[1] for a in args if a.startswith("--config="))))
+  for a in args:
+    if a.startswith("--config."):
+      key, value = a[len("--config."):].split("=", 1)
+      *path, last = key.split(".")
+      node = config
+      for p in path:
+        node = node[p]
+      try:
+        node[last] = type(node[last])(ast.literal_eval(value))
+      except (ValueError, SyntaxError):
+        node[last] = value
+  return config
+
+
+def _saved_model(command, tmp):
+  """What the README's fine-tuning command saves as WORKDIR/seed_0/model, made without training (the
+  checkpoint a micro BERT with the toy data's words): the model a predict command reads, and its workdir."""
+  from bertjax.finetune import train
+  from conftest import tiny_hf_checkpoint
+
+  workdir = re.search(r"--model=(\S+)/seed_0/model", command).group(1)
+  config = _config_of(_finetune_command(workdir), tmp)
+  words = sorted({w for s in _sentences() for w in re.findall(r"\w+|[^\w\s]", s.lower())})
+  config.init.checkpoint = tiny_hf_checkpoint(tmp, ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words)
+  config.eval_batch_size = 8
+  config.task.max_train_examples = config.task.max_eval_examples = 8
+  out = f"{tmp}/{workdir.removeprefix('/tmp/')}"
+  os.makedirs(f"{out}/seed_0", exist_ok=True)
+  with open(f"{out}/config.json", "w") as f:
+    f.write(config.to_json())
+  setup = train.prepare(config)
+  model, params = train.seed_start(config, 0, setup)
+  setup["task"].save_model(f"{out}/seed_0/model", setup["run_config"], model.clone(deterministic=True), params)
+  return config
+
+
+@pytest.mark.parametrize("command", PREDICT, ids=lambda c: re.search(r"ft-(\w+)", c).group(1))
+def test_readme_predict_commands_run_for_every_family(command, tmp_path, capsys):
+  """Each family's README predict command, in-process, over a model saved as its README fine-tuning command
+  saves it: one JSON line per example (or the family's own files under --out=DIR)."""
+  from bertjax.finetune import predict
+
+  for script in setup_scripts(TEXT):
+    subprocess.run(["bash", "-c", script.replace("/tmp/", f"{tmp_path}/")], cwd=tmp_path, check=True)
+  task_data(str(tmp_path))
+  config = _saved_model(command, tmp_path)
+  args = cpu_sized(command, tmp_path)[3:]
+  assert predict.main(args) == 0, capsys.readouterr().err
+  lines = capsys.readouterr().out.splitlines()
+  kind = config.task.get("kind", "classification")
+  flags = dict(a[2:].split("=", 1) for a in args)
+  if "out" in flags and not flags["out"].endswith(".jsonl"):  # squad: the fine-tuning run's prediction files
+    preds = json.load(open(os.path.join(flags["out"], "predictions.json")))
+    assert kind == "squad" and len(preds) == 30 and os.path.isfile(os.path.join(flags["out"], "null_odds.json"))
+    return
+  records = [json.loads(l) for l in (open(flags["out"]) if "out" in flags else lines)]
+  if kind == "tagging":
+    assert len(records) == 1 and len(records[0]["tags"]) == len(records[0]["words"]) == len(flags["text"].split())
+  elif kind == "multiple_choice":
+    assert len(records) == 30 and all(0 <= r["choice"] < 3 and len(r["scores"]) == 3 for r in records)
+  else:
+    n = sum(1 for l in open(flags.get("lines") or flags["input"]) if l.strip()) - (0 if "lines" in flags else 1)
+    assert len(records) == n and all(r["label"] in ("0", "1") and len(r["scores"]) == 2 for r in records)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bertjax.core.errors import UserError
-from bertjax.finetune import squad_data, squad_eval as ev, squad_features as sf, squad_post as post
+from bertjax.finetune.squad import data as squad_data, evaluate as ev, features as sf, post as post
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,7 +78,7 @@ def test_eval_cli_prints_the_official_keys_and_fails_in_one_line(tmp_path):
   (tmp_path / "d.json").write_text(json.dumps(data))
   (tmp_path / "p.json").write_text(json.dumps({"q1": "Paris", "q2": "Paris"}))
   (tmp_path / "n.json").write_text(json.dumps({"q1": -1.0, "q2": 2.0}))
-  run = lambda *a: subprocess.run([sys.executable, "-m", "bertjax.finetune.squad_eval", *map(str, a)], cwd=REPO,
+  run = lambda *a: subprocess.run([sys.executable, "-m", "bertjax.finetune.squad.evaluate", *map(str, a)], cwd=REPO,
                                   capture_output=True, text=True, timeout=120)
   r = run(tmp_path / "d.json", tmp_path / "p.json", f"--na_prob_file={tmp_path / 'n.json'}")
   out = json.loads(r.stdout)
@@ -313,18 +313,20 @@ def test_finetune_writes_predictions_scored_as_the_official_scripts_score_them(t
 
 
 def _saved_model_answers_and_exports(tmp_path, capsys):
-  """The seed's saved model answers a question through the CLI and exports as BertForQuestionAnswering."""
-  from bertjax.finetune import qa_io
+  """The seed's saved model answers a question through `python -m bertjax.finetune.predict` and exports as
+  BertForQuestionAnswering."""
+  from bertjax.finetune import predict
+  from bertjax.finetune.squad import hf as qa_io
 
   saved = str(tmp_path / "ft" / "seed_0" / "model")
   context = "The car is red. The hat is blue. The cup is green. The door is white."
-  assert qa_io.main(["answer", f"--model={saved}", "--question=What color is the hat?", f"--context={context}"]) == 0
+  assert predict.main([f"--model={saved}", "--question=What color is the hat?", f"--context={context}"]) == 0
   out = json.loads(capsys.readouterr().out)
-  assert set(out) == {"answer", "null_odds", "nbest"} and out["answer"] in [x["text"] for x in out["nbest"]] + [""]
+  assert set(out) == {"id", "answer", "null_odds", "nbest"} and out["answer"] in [x["text"] for x in out["nbest"]] + [""]
   assert all(x["text"] in context for x in out["nbest"])
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
-  assert qa_io.main(["export", f"--model={saved}", f"--out={tmp_path / 'export'}"]) == 0
+  assert predict.main([f"--model={saved}", f"--export={tmp_path / 'export'}"]) == 0
   theirs = transformers.AutoModelForQuestionAnswering.from_pretrained(str(tmp_path / "export")).eval()
   _, model, params, tok, _ = qa_io.load_model(saved)
   ids, _ = tok.encode_offsets(context)
@@ -339,7 +341,7 @@ def _saved_model_answers_and_exports(tmp_path, capsys):
 def test_answerable_head_adds_electras_classifier_and_its_loss():
   import jax
 
-  from bertjax.finetune import qa_model
+  from bertjax.finetune.squad import model as qa_model
   from bertjax.model import config as model_config
 
   from conftest import micro

@@ -9,7 +9,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 import numpy as np
 import pytest
 
-from bertjax.finetune import qa_io
+from bertjax.finetune.squad import hf as qa_io
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -43,13 +43,14 @@ def test_qa_checkpoints_import_and_export_with_equal_logits(family, tmp_path):
     ref = theirs(torch.tensor(ids), attention_mask=torch.tensor(mask), token_type_ids=torch.tensor(types))
   ref = np.stack([ref.start_logits.numpy(), ref.end_logits.numpy()], -1)
 
-  run_config, model, params, _ = qa_io.read_hf(src)
+  tm = qa_io.read_hf(src)
+  run_config, model, params = tm.config, tm.model, tm.params
   ours = np.asarray(model.apply({"params": params}, ids, types, mask))
   assert ours.shape == ref.shape == (2, 20, 2)
   real = mask.astype(bool)  # padding positions' logits mean nothing (and ALBERT's differ there)
   assert np.abs(ours - ref)[real].max() < 1e-4, family
 
-  out = qa_io.write_hf(run_config, params, str(tmp_path / "ours"))
+  out = qa_io.write_hf(tm, str(tmp_path / "ours"))
   back = transformers.AutoModelForQuestionAnswering.from_pretrained(out).eval()
   assert type(back).__name__ == model_cls
   with torch.no_grad():

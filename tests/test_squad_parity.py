@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from bertjax.model import config as model_config
-from bertjax.finetune import qa_model, train as ft
+from bertjax.finetune import train as ft
+from bertjax.finetune.squad import model as qa_model
 from bertjax.hf import convert, weights as W
 from conftest import load_config, micro
 from test_finetune_parity import FLOOR, LOSS_RTOL, PARAM_TOL, SPECIAL, STEPS, random_params

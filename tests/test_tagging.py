@@ -1,6 +1,7 @@
 """Sequence tagging: conlleval metrics against seqeval on random and malformed tags in every scheme, scheme
 detection, CoNLL reading and its one-line errors, and windowed first-subword features."""
 
+import json
 import os
 import random
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from bertjax.core.errors import UserError
-from bertjax.finetune import tag_data, tag_metrics, tagging
+from bertjax.finetune.tagging import data as tag_data, metrics as tag_metrics, predict as tag_predict
 from conftest import REPO, load_config, micro
 
 seqeval = pytest.importorskip("seqeval.metrics")
@@ -242,11 +243,11 @@ def test_tiny_model_learns_generated_ner_and_scores_every_word(tmp_path, capsys)
   # transformers, which predicts the same tags.
   tm = task_models.load(str(workdir / "seed_0" / "model"))
   words = ["anna", "smith", "went", "to", "rome", "."]
-  tags = tagging.tag_words(words, tm.tokenizer, tm.model, tm.params, 24)
+  tags = tag_predict.tag_words(words, tm.tokenizer, tm.model, tm.params, 24)
   assert tags[:5] == ["B-PER", "I-PER", "O", "O", "B-LOC"]
   out = _predict_cli(model=workdir / "seed_0" / "model", text="anna smith went to rome.", seq_len=24,
                      export=tmp_path / "exported")
-  assert out.splitlines()[:6] == [f"{w}\t{t}" for w, t in zip(words, tags)]
+  assert json.loads(out) == {"words": words, "tags": tags}
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
   hf = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "exported").eval()

@@ -17,8 +17,12 @@ import pytest
 
 from bertjax.model import config as model_config
 from bertjax.data.tokenizer import SPM_SPECIAL as SPECIAL
-from bertjax.finetune import multiple_choice, tagging, train as ft
-from bertjax.finetune.model import MultipleChoice, TokenClassifier, init_params
+from bertjax.finetune import train as ft
+from bertjax.finetune.model import init_params
+from bertjax.finetune.multiple_choice import task as multiple_choice
+from bertjax.finetune.multiple_choice.model import MultipleChoice
+from bertjax.finetune.tagging import task as tagging
+from bertjax.finetune.tagging.model import TokenClassifier
 from bertjax.hf import convert
 from conftest import load_config, micro
 

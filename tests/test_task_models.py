@@ -10,7 +10,10 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 import numpy as np
 import pytest
 
-from bertjax.finetune import multiple_choice, task_models
+from bertjax.finetune import task_models
+from bertjax.finetune.classification.hf import SEQUENCE_CLASSES, SEQUENCE_HEADS
+from bertjax.finetune.multiple_choice import task as multiple_choice
+from bertjax.finetune.tagging.hf import TOKEN_CLASSES
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -63,7 +66,7 @@ def test_token_classification_imports_and_exports_with_transformers_logits(famil
   # Export and load in transformers: the same class, the same logits.
   task_models.write_hf(tm, str(tmp_path / "out"))
   back = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "out").eval()
-  assert type(back).__name__ == task_models.TOKEN_CLASSES[family]
+  assert type(back).__name__ == TOKEN_CLASSES[family]
   assert back.config.id2label[1] == "B-A"
   with torch.no_grad():
     again = back(torch.tensor(ids), attention_mask=torch.tensor(mask),
@@ -112,13 +115,13 @@ def test_sequence_classification_imports_and_exports_with_transformers_logits(fa
   with torch.no_grad():
     theirs = run(hf).numpy()
   tm = task_models.load(str(tmp_path / "hf"))
-  assert tm.kind == "classification" and tm.model.head == task_models.SEQUENCE_HEADS[family]
+  assert tm.kind == "classification" and tm.model.head == SEQUENCE_HEADS[family]
   if family == "roberta":
     assert "pooler" not in tm.params and sorted(tm.params["transform"]) == ["bias", "kernel"]
   assert np.abs(_ours(tm, ids, types, mask) - theirs).max() < TOL
   task_models.write_hf(tm, str(tmp_path / "out"))
   back = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "out").eval()
-  assert type(back).__name__ == task_models.SEQUENCE_CLASSES[family]
+  assert type(back).__name__ == SEQUENCE_CLASSES[family]
   with torch.no_grad():
     assert np.abs(run(back).numpy() - theirs).max() < TOL
   if family == "roberta":
@@ -135,7 +138,7 @@ def test_auto_head_is_the_checkpoint_family_s_own():
   with ElectraForSequenceClassification's, the rest with BERT's pooler head."""
   import types
 
-  from bertjax.finetune import classification
+  from bertjax.finetune.classification import task as classification
   from conftest import load_config
 
   config = load_config("configs/finetune.py:tiny")

@@ -65,7 +65,7 @@ def _batches(arrays, batch_size: int):
 
 def evaluate(model, params, arrays, gates, metric_names, batch_size: int = 64) -> dict:
   """The task metrics of the model with `gates` [layers, heads] on `arrays` (an encoded split)."""
-  from bertjax.finetune import metrics
+  from bertjax.finetune.classification import metrics
 
   predict, _ = _jitted(model, model.num_outputs == 1)
   outs = []
@@ -218,6 +218,7 @@ def load_finetuned(workdir: str, seed: int = -1, model_dir: str = "") -> dict:
   """What the commands need from a fine-tuning workdir: its config, the encoded dev set (as fine-tuning
   evaluated it), and the seed's saved model (or the one at `model_dir`)."""
   from bertjax.finetune import model as ft_model, train
+  from bertjax.finetune.classification import model as cls_model
 
   path = os.path.join(workdir, "config.json")
   if not os.path.isfile(path):
@@ -227,7 +228,7 @@ def load_finetuned(workdir: str, seed: int = -1, model_dir: str = "") -> dict:
     config = ml_collections.ConfigDict(json.load(f))
   seed = config.seed if seed < 0 else seed
   model_dir = model_dir or os.path.join(workdir, f"seed_{seed}", ft_model.MODEL_DIR)
-  run_config, model, params = ft_model.load_model(model_dir)
+  run_config, model, params = cls_model.load_model(model_dir)
   setup = train.prepare(config)
   return dict(config=config, run_config=run_config, model=model, params=params, eval=setup["eval"],
               metrics=config.task.metrics.split(","), model_dir=model_dir)
@@ -268,11 +269,11 @@ def run_command(command: str, workdir: str, out: str = "", seed: int = -1, model
   if save_dir:
     at = max((p for p in curve if p["share_removed"] <= save_at + 1e-9), key=lambda p: p["share_removed"])
     config, pruned = prune(ft["run_config"], params, np.asarray(at["gates"]))
-    from bertjax.finetune import model as ft_model
+    from bertjax.finetune.classification import model as cls_model
 
     cfg = dataclasses.replace(model.cfg, num_heads=config.model.num_heads, head_size=config.model.head_size)
-    small = ft_model.Classifier(cfg, model.num_outputs, model.classifier_dropout, deterministic=True, head=model.head)
-    ft_model.save_model(save_dir, config, small, pruned)
+    small = cls_model.Classifier(cfg, model.num_outputs, model.classifier_dropout, deterministic=True, head=model.head)
+    cls_model.save_model(save_dir, config, small, pruned)
     result["saved"] = dict(path=save_dir, heads_removed=at["heads_removed"], share_removed=at["share_removed"],
                            stored_heads_per_layer=config.model.num_heads, params_before=num_params(params),
                            params_after=num_params(pruned), **{k: at[k] for k in names})

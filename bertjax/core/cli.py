@@ -12,7 +12,7 @@ from bertjax.core.errors import RESTARTABLE_EXIT, RestartableError, UserError
 
 
 class ArgumentParser(argparse.ArgumentParser):
-  """argparse for the small positional-argument CLIs (squad_eval, qa_io): a usage error is one `error: ...`
+  """argparse for the small positional-argument CLIs (squad.evaluate, predict): a usage error is one `error: ...`
   line and exit 2, as a UserError is, instead of argparse's usage block."""
 
   def error(self, message):

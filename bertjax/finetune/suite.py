@@ -8,7 +8,7 @@ Each task runs in WORKDIR/TASK (WORKDIR/TASK/lr_LR per grid point; WORKDIR/TASK/
 best one, chosen on the dev set by the task's headline metric, as BERT's paper selects). A task whose
 results.json exists is skipped on a rerun, so an interrupted suite resumes. Config precedence: the --config
 file < the recipe < --config.* overrides < --learning_rates and --seeds; task.name and task.source are the
-suite's. The tasks: bertjax.finetune.glue.TASKS (where SQuAD and NER join).
+suite's. The tasks: bertjax.finetune.classification.glue.TASKS (where SQuAD and NER join).
 """
 
 import json
@@ -18,7 +18,7 @@ import sys
 import time
 
 from bertjax.core.errors import UserError
-from bertjax.finetune import glue
+from bertjax.finetune.classification import glue
 
 SOURCES = ("tsv", "tfds")
 

@@ -1,10 +1,11 @@
 """The task interface of the fine-tuning trainer: what a task family provides, and the registry of families.
 
 The trainer (bertjax.finetune.train: seeds, optimizer and schedule, (seed, step)-pure batches, logging,
-evaluation, results.json, saved models) exists once; a task family (classification: GLUE's sentence(-pair)
-classification and regression; span extraction; token classification; ...) plugs into it as a module
-registered under a name in KINDS and chosen by `config.task.kind`. docs/finetune_tasks.md describes the
-module's functions; bertjax/finetune/classification.py is the reference implementation.
+evaluation, results.json, saved models) and `python -m bertjax.finetune.predict` exist once; a task family
+(classification: GLUE's sentence(-pair) classification and regression; squad: span extraction; tagging: token
+classification; multiple_choice) is a package, bertjax/finetune/KIND/, whose `family` module registers it
+(`register(Family(KIND, task, io, predict))`) and which `config.task.kind` chooses. docs/finetune_tasks.md
+describes what a family provides; bertjax/finetune/classification/ is the reference implementation.
 """
 
 import dataclasses
@@ -12,13 +13,15 @@ import importlib
 
 from bertjax.core.errors import UserError
 
-# kind -> module. A new family adds one line here (its module provides the functions of docs/finetune_tasks.md).
+# kind -> the `family` module of a built-in family, imported on first use (importing it registers the family).
+# A family outside bertjax calls `register` when its own module is imported.
 KINDS = {
-    "classification": "bertjax.finetune.classification",
-    "squad": "bertjax.finetune.squad",
-    "tagging": "bertjax.finetune.tagging",
-    "multiple_choice": "bertjax.finetune.multiple_choice",
+    "classification": "bertjax.finetune.classification.family",
+    "squad": "bertjax.finetune.squad.family",
+    "tagging": "bertjax.finetune.tagging.family",
+    "multiple_choice": "bertjax.finetune.multiple_choice.family",
 }
+_REGISTRY = {}  # kind -> Family
 DEFAULT_KIND = "classification"  # configs written before task.kind existed are classification runs
 
 # Fields every task's model reads (input_ids [.., S], type_ids [.., S], groups [.., S]: 0 padding, else 1):
@@ -49,14 +52,52 @@ class TaskData:
   token_fields: tuple = TOKEN_FIELDS
 
 
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """A task family as it registers itself.
+
+  kind     its config.task.kind
+  task     the task module the trainer calls (validate, read, prepare, model, init_params, loss, evaluate,
+           save_model; docs/finetune_tasks.md)
+  io       its models on disk: MODEL_FILE (the file that marks a saved model), HF_SUFFIXES (the transformers
+           classes it reads, e.g. "ForTokenClassification"), build, save, load, read_hf, write_hf
+  predict  what `python -m bertjax.finetune.predict` calls for it (read inputs, predict, write)
+  """
+
+  kind: str
+  task: object
+  io: object
+  predict: object = None
+
+
 def kind_of(config) -> str:
   """The task family of a fine-tuning config (`task.kind`, default classification)."""
   return config.task.get("kind", DEFAULT_KIND) or DEFAULT_KIND
 
 
+def register(fam: Family) -> None:
+  """Adds (or replaces) the family `fam.kind`; a family package calls it when it is imported."""
+  _REGISTRY[fam.kind] = fam
+
+
+def family(kind: str) -> Family:
+  """The Family `kind`, importing a built-in family's package on first use (a one-line UserError for an
+  unknown kind)."""
+  if kind not in _REGISTRY and kind in KINDS:
+    importlib.import_module(KINDS[kind])
+  if kind not in _REGISTRY:
+    raise UserError(f"task.kind={kind!r} is not a fine-tuning task family; use one of "
+                    f"{', '.join(sorted(set(KINDS) | set(_REGISTRY)))}")
+  return _REGISTRY[kind]
+
+
+def families() -> dict:
+  """kind -> Family of every family: the built-in ones and those registered from outside."""
+  for kind in KINDS:
+    family(kind)
+  return dict(_REGISTRY)
+
+
 def get(config):
   """The task module of `config` (a one-line UserError for an unknown task.kind)."""
-  kind = kind_of(config)
-  if kind not in KINDS:
-    raise UserError(f"task.kind={kind!r} is not a fine-tuning task family; use one of {', '.join(sorted(KINDS))}")
-  return importlib.import_module(KINDS[kind])
+  return family(kind_of(config)).task

@@ -21,7 +21,8 @@ import optax
 from bertjax.compress import q8bert, quantize
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
-from bertjax.finetune import batches, classification, metrics as task_metrics, tasks
+from bertjax.finetune import batches, tasks
+from bertjax.finetune.classification import task as classification
 from bertjax.finetune.model import MODEL_DIR, layer_multipliers, scale_by_tree
 from bertjax.hf import inference
 from bertjax.model import config as model_config
@@ -283,9 +284,21 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   return result
 
 
+def summarize(per_seed: list) -> dict:
+  """name -> dict(median, mean, std, values) over seeds (std with ddof 0, as numpy's default)."""
+  out = {}
+  for name in per_seed[0]:
+    values = np.array([m[name] for m in per_seed], np.float64)
+    out[name] = dict(median=float(np.median(values)), mean=float(values.mean()), std=float(values.std()),
+                     values=[float(v) for v in values])
+  return out
+
+
 def prepare(config) -> dict:
-  """Everything the seeds share: checkpoint, encoder config, the task's encoded splits, step counts."""
+  """Everything the seeds share: checkpoint, encoder config, the task's encoded splits, step counts. The task's
+  files are read and checked first, so a bad one fails in seconds, before the checkpoint is loaded."""
   task = tasks.get(config)
+  raw = task.read(config)
   loaded = load_checkpoint(config.init)
   if loaded.tokenizer is None:
     raise UserError(f"{config.init.checkpoint} has no tokenizer; fine-tuning needs the checkpoint's own")
@@ -294,7 +307,7 @@ def prepare(config) -> dict:
          f"seq_len={config.seq_len} exceeds the checkpoint's {cfg.max_positions} positions; lower --config.seq_len")
   _check(config.model.quantize != "q8bert" or cfg.sharing == "none",
          f"model.quantize=q8bert needs unshared layers; this checkpoint shares them (sharing={cfg.sharing})")
-  data = task.prepare(config, loaded)
+  data = task.prepare(config, loaded, raw)
   total, warmup = step_counts(config, len(data.train["input_ids"]))
   longest = batches.batch_longest(batches.row_lengths(data.train), total, config,
                                   [config.seed + s for s in range(config.seeds)])
@@ -318,7 +331,8 @@ def finetune(config, workdir: str) -> dict:
   t0 = time.time()
   setup = prepare(config)
   info = setup["info"]
-  extra = f"; pooler {info['pooler']}" if "pooler" in info else ""
+  extra = (f"; pooler {info['pooler']}" if "pooler" in info else "") + (
+      f"; pooling {info['pooling']}" if "pooling" in info else "")
   print(f"task {config.task.name}: {info['train_examples']} train / {info['eval_examples']} eval examples "
         f"({info.get('skipped_rows', 0)} rows skipped); {setup['total']} steps x batch {config.batch_size}; "
         f"model {info['model']}{extra} [{time.time() - t0:.1f}s]", flush=True)
@@ -326,7 +340,7 @@ def finetune(config, workdir: str) -> dict:
   for s in range(config.seeds):
     per_seed.append(run_seed(config, config.seed + s, setup, workdir))
     print(f"seed {config.seed + s}: " + ", ".join(f"{k} {v:.4f}" for k, v in per_seed[-1].items()), flush=True)
-  summary = task_metrics.summarize(per_seed)
+  summary = summarize(per_seed)
   for name, s in summary.items():
     print(f"{config.task.name} {name}: median {s['median']:.4f}, mean {s['mean']:.4f} +- {s['std']:.4f} "
           f"over {len(per_seed)} seeds", flush=True)

@@ -247,7 +247,7 @@ def heads_without_hf(config) -> list:
 def encoder_tensors(config, params, family: str, special: SpecialIds, generator: bool = False) -> dict:
   """HF tensors of one network's embeddings and encoder layers (no heads), under HF's base-model prefix:
   what every HF class of the family shares (pretraining heads here, task heads such as qa_outputs in
-  bertjax.finetune.qa_io)."""
+  bertjax.finetune.squad.hf)."""
   prefix = W.PREFIX[family]
   enc = model_config.encoder_config(config.model, generator=generator)
   scope = "generator_encoder" if generator else "encoder"

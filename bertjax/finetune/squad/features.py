@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 
 from bertjax.core.errors import UserError
-from bertjax.finetune.squad_eval import normalize_answer
+from bertjax.finetune.squad.evaluate import normalize_answer
 
 
 @dataclasses.dataclass

@@ -39,13 +39,3 @@ def compute(names, outputs, labels) -> dict:
   """name -> value for model outputs [N, C] (C = 1: regression scores, else class logits)."""
   pred = outputs[:, 0] if outputs.shape[1] == 1 else outputs.argmax(-1)
   return {name: REGISTRY[name](pred, labels) for name in names}
-
-
-def summarize(per_seed: list) -> dict:
-  """name -> dict(median, mean, std, values) over seeds (std with ddof 0, as numpy's default)."""
-  out = {}
-  for name in per_seed[0]:
-    values = np.array([m[name] for m in per_seed], np.float64)
-    out[name] = dict(median=float(np.median(values)), mean=float(values.mean()), std=float(values.std()),
-                     values=[float(v) for v in values])
-  return out

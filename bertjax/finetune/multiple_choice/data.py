@@ -1,31 +1,18 @@
-"""The multiple-choice task family (SWAG, RACE-style) as a task module of the fine-tuning trainer: readers
-for SWAG's CSV layout (`swag:DIR`) and a JSONL layout (`jsonl:DIR`), features with one (context, choice)
-pair per row, and BertForMultipleChoice's head, loss and accuracy.
-
-The head is the sentence classifier with one output (`model.Classifier(num_outputs=1)`: tanh pooler on
-[CLS], dropout, linear) applied to every (context, choice) pair; the scores of one example's choices go
-through a softmax, as BertForMultipleChoice does. Examples with fewer choices than the widest one get
-masked padding choices that never win and carry no probability.
-"""
+"""The multiple-choice family's data: SWAG's CSV layout (`swag:DIR`) and a JSONL layout (`jsonl:DIR`, one
+{"context", "question", "choices", "label"} a line) read and checked, and encoded to one (context, choice) pair
+per row with the checkpoint's template."""
 
 import csv
 import dataclasses
 import json
 import os
 
-import jax.numpy as jnp
 import numpy as np
-import optax
 
 from bertjax.core.errors import UserError
-from bertjax.finetune import model as task_model, task_models
-from bertjax.finetune.model import MultipleChoice
-from bertjax.finetune.tasks import TaskData
 from bertjax.hf.tokenizers import encode_example
 
 SWAG_ENDINGS = ("ending0", "ending1", "ending2", "ending3")
-OUTPUT_POSITION_AXIS = None  # outputs are per example: [B, choices]
-MASKED = -1e9  # the score of a padding choice
 
 
 @dataclasses.dataclass
@@ -46,7 +33,9 @@ def _join(question: str, choice: str) -> str:
   return f"{question} {choice}".strip()
 
 
-def _label(value, n_choices: int, where: str) -> int:
+def _label(value, n_choices: int, where: str, labeled: bool = True) -> int:
+  if value in (None, "") and not labeled:  # examples to predict may come without labels: -1
+    return -1
   try:
     label = int(value)
   except (TypeError, ValueError):
@@ -56,15 +45,15 @@ def _label(value, n_choices: int, where: str) -> int:
   return label
 
 
-def read_swag(path: str) -> Examples:
+def read_swag(path: str, labeled: bool = True) -> Examples:
   """SWAG's CSV (swagaf data/{train,val}.csv): sent1 is the context, sent2 + each of ending0..3 the
-  continuations, label the right ending."""
+  continuations, label the right ending (`labeled` False: the label column may be absent or empty, -1)."""
   if not os.path.isfile(path):
     raise UserError(f"{path}:0: no such file; point --config.task.source=swag:DIR at SWAG's data directory")
   contexts, choices, labels = [], [], []
   with open(path, encoding="utf-8", newline="") as f:
     rows = csv.DictReader(f)
-    need = ("sent1", "sent2", "label") + SWAG_ENDINGS
+    need = ("sent1", "sent2") + (("label",) if labeled else ()) + SWAG_ENDINGS
     missing = [c for c in need if c not in (rows.fieldnames or ())]
     if missing:
       raise UserError(f"{path}:1: no column(s) {', '.join(missing)}; SWAG's CSV has sent1, sent2, ending0-3, "
@@ -73,14 +62,15 @@ def read_swag(path: str) -> Examples:
       where = f"{path}:{rows.line_num}"
       contexts.append(row["sent1"])
       choices.append([_join(row["sent2"], row[e]) for e in SWAG_ENDINGS])
-      labels.append(_label(row["label"], len(SWAG_ENDINGS), where))
+      labels.append(_label(row.get("label"), len(SWAG_ENDINGS), where, labeled))
   if not contexts:
     raise UserError(f"{path}:2: no examples in the file")
   return Examples(contexts, choices, np.asarray(labels, np.int32), path)
 
 
-def read_jsonl(path: str) -> Examples:
-  """One JSON object a line: {"context", "question", "choices": [...], "label"} (question may be empty)."""
+def read_jsonl(path: str, labeled: bool = True) -> Examples:
+  """One JSON object a line: {"context", "question", "choices": [...], "label"} (question may be empty; with
+  `labeled` False label may be absent, -1)."""
   if not os.path.isfile(path):
     raise UserError(f"{path}:0: no such file; point --config.task.source=jsonl:DIR at the directory")
   contexts, choices, labels = [], [], []
@@ -98,7 +88,7 @@ def read_jsonl(path: str) -> Examples:
         raise UserError(f'{where}: expected {{"context", "question", "choices": [at least 2], "label"}}')
       contexts.append(str(row["context"]))
       choices.append([_join(str(row.get("question", "")), str(c)) for c in row["choices"]])
-      labels.append(_label(row.get("label"), len(row["choices"]), where))
+      labels.append(_label(row.get("label"), len(row["choices"]), where, labeled))
   if not contexts:
     raise UserError(f"{path}:1: no examples in the file")
   return Examples(contexts, choices, np.asarray(labels, np.int32), path)
@@ -140,72 +130,3 @@ def encode(ex: Examples, tokenizer, seq_len: int, num_choices: int = 0) -> dict:
   ids[mask == 0, 0] = tokenizer.special.cls  # padding choices: a lone [CLS], masked out of the softmax
   groups[mask == 0, 0] = 1
   return dict(input_ids=ids, type_ids=types, groups=groups, label=ex.labels, choice_mask=mask)
-
-
-def choice_logits(params, batch, model, rng=None, head_gates=None):
-  """Scores [B, C] of every choice with padding choices at MASKED (no probability, never predicted)."""
-  out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"],
-                    *(() if head_gates is None else (head_gates,)), rngs={"dropout": rng} if rng is not None else {})
-  return jnp.where(batch["choice_mask"] > 0, out, MASKED)
-
-
-def accuracy(scores: np.ndarray, labels: np.ndarray) -> dict:
-  """{"accuracy": share of examples whose highest-scoring choice is the labeled one}."""
-  return {"accuracy": float(np.mean(scores.argmax(-1) == labels))}
-
-
-# ---------------------------------------------------------------- the task module's functions
-
-
-def validate(config):
-  """One-line errors for a multiple-choice config that cannot run."""
-  if not config.task.source:
-    raise UserError("set --config.task.source to swag:DIR (SWAG's CSVs) or jsonl:DIR")
-  if config.seq_len < 8:
-    raise UserError(f"seq_len={config.seq_len} is too short for [CLS] context [SEP] choice [SEP]; use >= 8")
-
-
-def prepare(config, loaded) -> TaskData:
-  """Both splits read and encoded to [N, choices, seq_len] pairs with the checkpoint's template."""
-  task = config.task
-  train_ex = subsample(read_split(task, True), task.max_train_examples, config.seed)
-  eval_ex = subsample(read_split(task, False), task.max_eval_examples, config.seed)
-  width = max(max(len(c) for c in ex.choices) for ex in (train_ex, eval_ex))
-  return TaskData(
-      train=encode(train_ex, loaded.tokenizer, config.seq_len, width),
-      eval=encode(eval_ex, loaded.tokenizer, config.seq_len, width),
-      info=dict(train_examples=len(train_ex.contexts), eval_examples=len(eval_ex.contexts), skipped_rows=0,
-                choices=width),
-      model=dict(tokenizer=loaded.tokenizer.spec()))
-
-
-def model(config, cfg, data: TaskData, deterministic: bool) -> MultipleChoice:
-  """BertForMultipleChoice's head (pooler, dropout, one output) over the encoder `cfg`."""
-  return MultipleChoice(cfg, 1, config.model.classifier_dropout, deterministic=deterministic, head="pooler",
-                        tokenizer=data.model.get("tokenizer", ""))
-
-
-def init_params(model, rng, loaded) -> tuple[dict, list]:
-  """(params, fresh names): embeddings, encoder and the pretrained pooler (where the checkpoint has one),
-  the one-output classifier from `rng`."""
-  pooler = loaded.params.get("sentence", {}).get("pooler", loaded.pooler)
-  return task_model.init_params(model, rng, loaded.params, pooler)
-
-
-def loss(outputs, batch):
-  """Per-example softmax cross-entropy over the choices, padding choices masked."""
-  logits = jnp.where(batch["choice_mask"] > 0, outputs, MASKED)
-  return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
-
-
-def evaluate(outputs, data: TaskData, config, seed_dir) -> dict:
-  """{"accuracy"} over the eval split (padding choices never predicted)."""
-  del config, seed_dir
-  scores = np.where(data.eval["choice_mask"] > 0, np.asarray(outputs), MASKED)
-  return accuracy(scores, data.eval["label"])
-
-
-def save_model(directory: str, run_config, model, params) -> None:
-  """A seed's fine-tuned multiple-choice model as a bertjax task model (task_models.load reads it)."""
-  info = dict(classifier_dropout=model.classifier_dropout, tokenizer=model.tokenizer)
-  task_models.save(directory, "multiple_choice", run_config, params, info)

@@ -1,7 +1,7 @@
 """The official SQuAD v1.1 and v2.0 metrics (evaluate-v1.1.py / evaluate-v2.0.py definitions) and a CLI
 that scores a predictions file with the official scripts' output keys.
 
-  python -m bertjax.finetune.squad_eval DATA.json PREDICTIONS.json [--na_prob_file=NULL_ODDS.json]
+  python -m bertjax.finetune.squad.evaluate DATA.json PREDICTIONS.json [--na_prob_file=NULL_ODDS.json]
       [--na_prob_thresh=1.0] [--version=auto|1.1|2.0]
 
 Semantics follow the official scripts exactly (normalization, token F1, maximum over gold answers, v2.0's
@@ -182,7 +182,7 @@ def main(argv: list) -> int:
   """The CLI: prints the official scripts' output keys as JSON; one-line errors and exit 2 on bad input."""
   from bertjax.core.cli import ArgumentParser
 
-  p = ArgumentParser(prog="python -m bertjax.finetune.squad_eval", description=__doc__.split("\n")[0])
+  p = ArgumentParser(prog="python -m bertjax.finetune.squad.evaluate", description=__doc__.split("\n")[0])
   p.add_argument("data_file")
   p.add_argument("pred_file")
   p.add_argument("--na_prob_file", "--na-prob-file", default="", help="v2.0: qid -> null odds (null_odds.json)")

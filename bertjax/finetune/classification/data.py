@@ -35,9 +35,10 @@ def _column(header: list | None, spec: str, path: str) -> int:
   return header.index(spec)
 
 
-def read_tsv(path: str, task) -> Examples:
+def read_tsv(path: str, task, labeled: bool = True) -> Examples:
   """One GLUE-layout TSV (tab-separated, no quoting); rows with too few columns or an unknown label are
-  skipped and counted (MNLI has unlabeled "-" rows)."""
+  skipped and counted (MNLI has unlabeled "-" rows). `labeled` False (predicting): no label column is read
+  and every label is 0."""
   if not os.path.isfile(path):
     raise UserError(f"no TSV file at {path}; point --config.task.source=tsv:DIR at a GLUE task directory")
   csv.field_size_limit(sys.maxsize)
@@ -46,16 +47,16 @@ def read_tsv(path: str, task) -> Examples:
   with open(path, encoding="utf-8", newline="") as f:
     rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
     header = next(rows) if task.header else None
-    cols = [_column(header, s, path) if s else None for s in (task.text_a, task.text_b, task.label)]
+    cols = [_column(header, s, path) if s else None for s in (task.text_a, task.text_b, task.label if labeled else "")]
     need = max(c for c in cols if c is not None)
     for row in rows:
-      if len(row) <= need or (names and row[cols[2]] not in names):
+      if len(row) <= need or (labeled and names and row[cols[2]] not in names):
         skipped += 1
         continue
       a.append(row[cols[0]])
       if cols[1] is not None:
         b.append(row[cols[1]])
-      labels.append(names.index(row[cols[2]]) if names else float(row[cols[2]]))
+      labels.append(0 if not labeled else names.index(row[cols[2]]) if names else float(row[cols[2]]))
   if not a:
     raise UserError(f"{path} has no usable rows ({skipped} skipped); check the columns and labels in --config.task")
   dtype = np.int32 if names else np.float32

@@ -1,9 +1,9 @@
 """The SQuAD task family (extractive QA, v1.1 and v2.0) as a task module of the fine-tuning trainer
 (interface: bertjax.finetune.tasks, docs/finetune_tasks.md; the how-to: docs/squad.md).
 
-Its parts: `squad_data` reads the questions, `squad_features` cuts them into labeled windows,
-`qa_model` holds the span head and loss, `squad_post` turns logits into answers and `squad_eval` scores
-them with the official definitions. This module wires them to the trainer's calls.
+Its parts, in this package: `data` reads the questions, `features` cuts them into labeled windows, `model`
+holds the span head and loss, `post` turns logits into answers, `evaluate` scores them with the official
+definitions and `hf` saves, loads, imports and exports models. This module wires them to the trainer's calls.
 """
 
 import json
@@ -13,7 +13,8 @@ import time
 import numpy as np
 
 from bertjax.core.errors import UserError
-from bertjax.finetune import qa_io, qa_model, squad_data, squad_eval, squad_features, squad_post
+from bertjax.finetune.squad import (data as squad_data, evaluate as squad_eval, features as squad_features,
+                                   hf as qa_io, model as qa_model, post as squad_post)
 from bertjax.finetune.tasks import TOKEN_FIELDS, TaskData
 
 EVAL_DATA = "eval_data.json"  # in seed_S/ when only part of the eval file is scored
@@ -55,10 +56,18 @@ def _questions(config, train: bool) -> tuple[list, list, int]:
   return qs, data, dropped
 
 
-def prepare(config, loaded) -> TaskData:
-  """Reads both splits, cuts them into windows of seq_len with the checkpoint's tokenizer and prints the
-  first line of output: questions, windows, and the training answers no token span can reproduce
-  (left out of training, as run_squad.py does, but counted here instead of silently)."""
+def read(config) -> tuple:
+  """(train questions, v1.1-mode drops, eval questions, eval data list, drops): both splits read and checked,
+  before the trainer loads the checkpoint."""
+  train_q, _, train_drop = _questions(config, True)
+  eval_q, eval_data, eval_drop = _questions(config, False)
+  return train_q, train_drop, eval_q, eval_data, eval_drop
+
+
+def prepare(config, loaded, raw: tuple | None = None) -> TaskData:
+  """Cuts both splits (`raw`, what `read` returned; read now when None) into windows of seq_len with the
+  checkpoint's tokenizer and prints the first line of output: questions, windows, and the training answers no
+  token span can reproduce (left out of training, as run_squad.py does, but counted here instead of silently)."""
   t, tok = config.task, loaded.tokenizer
   squad_features.check_lengths(config.seq_len, t.max_query_length, t.doc_stride,
                                squad_features.num_special(squad_features.template(tok)))
@@ -67,8 +76,7 @@ def prepare(config, loaded) -> TaskData:
   head = qa_io.read_head(config.init.checkpoint)  # an HF *ForQuestionAnswering starts from its own span head
   if head is not None:
     loaded.params.update(head)
-  train_q, _, train_drop = _questions(config, True)
-  eval_q, eval_data, eval_drop = _questions(config, False)
+  train_q, train_drop, eval_q, eval_data, eval_drop = raw if raw is not None else read(config)
   tw = squad_features.build(train_q, tok, config.seq_len, t.doc_stride, t.max_query_length)
   ew = squad_features.build(eval_q, tok, config.seq_len, t.doc_stride, t.max_query_length)
   train = squad_features.training_rows(tw, train_q)
@@ -93,7 +101,7 @@ def prepare(config, loaded) -> TaskData:
 
 
 SETTINGS = ("version", "doc_stride", "max_query_length", "n_best_size", "max_answer_length",
-            "null_score_diff_threshold")  # what a saved model answers with (qa_io.answer)
+            "null_score_diff_threshold")  # what a saved model answers with (predict)
 
 
 def model(config, cfg, data: TaskData, deterministic: bool) -> qa_model.SpanQA:
@@ -153,5 +161,6 @@ def evaluate(outputs, data: TaskData, config, seed_dir: str) -> dict:
 
 
 def save_model(directory: str, run_config, model, params) -> None:
-  """A seed's fine-tuned SpanQA (qa_io.load_model reads it; `qa_io answer` and `qa_io export` use it)."""
+  """A seed's fine-tuned SpanQA (squad.hf.load_model reads it; `python -m bertjax.finetune.predict` answers with it
+  and exports it)."""
   qa_io.save_model(directory, run_config, model, params)

@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from bertjax.core.errors import UserError
-from bertjax.finetune import tag_metrics
+from bertjax.finetune.tagging import metrics as tag_metrics
 from bertjax.hf.tokenizers import HFTokenizer
 
 DOCSTART = "-DOCSTART-"

@@ -44,8 +44,9 @@ def _answers(path: str, qid: str, context: str, answers) -> tuple[tuple, int]:
   return tuple(texts), answers[0]["answer_start"] if answers else -1
 
 
-def parse(data, path: str) -> list:
-  """The questions of a parsed SQuAD file (its top-level object), in file order."""
+def parse(data, path: str, labeled: bool = True) -> list:
+  """The questions of a parsed SQuAD file (its top-level object), in file order; `labeled` False (questions to
+  answer): a question may lack 'answers'."""
   if not isinstance(data, dict) or not isinstance(data.get("data"), list):
     raise UserError(f"{path}: no top-level 'data' list; is it a SQuAD file?")
   out = []
@@ -59,19 +60,20 @@ def parse(data, path: str) -> list:
         raise UserError(f"{path}: a paragraph of article {article.get('title', '?')!r} lacks 'context' or 'qas'")
       for qa in qas:
         qid = qa.get("id", "?") if isinstance(qa, dict) else "?"
-        for key in ("id", "question", "answers"):
+        for key in ("id", "question", "answers") if labeled else ("id", "question"):
           if not isinstance(qa, dict) or key not in qa:
             raise _bad(path, qid, f"missing key {key!r}")
         impossible = bool(qa.get("is_impossible", False))
-        texts, start = _answers(path, qid, p["context"], qa["answers"])
+        texts, start = _answers(path, qid, p["context"], qa.get("answers", []))
         if impossible and texts:
           raise _bad(path, qid, "is_impossible is true but it has answers")
         out.append(Question(str(qa["id"]), qa["question"], p["context"], texts, start, impossible or not texts))
   return out
 
 
-def read_json(path: str) -> tuple[list, list]:
-  """(questions, the file's `data` list as read) of one SQuAD JSON file; UserError on any defect."""
+def read_json(path: str, labeled: bool = True) -> tuple[list, list]:
+  """(questions, the file's `data` list as read) of one SQuAD JSON file; UserError on any defect (`labeled`:
+  as `parse`)."""
   if not os.path.isfile(path):
     raise UserError(f"no SQuAD file at {path}; point --config.task.source=json:DIR at a directory holding it "
                     "(or set --config.task.train_file / eval_file)")
@@ -80,7 +82,7 @@ def read_json(path: str) -> tuple[list, list]:
       data = json.load(f)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise UserError(f"{path}: not valid JSON ({e})") from None
-  return parse(data, path), data["data"]
+  return parse(data, path, labeled), data["data"]
 
 
 def _text(x) -> str:

@@ -1,15 +1,20 @@
 """The classification task family (GLUE's shapes): sentence or sentence-pair classification, and regression
 (one output, MSE), as a task module of the fine-tuning trainer (the interface: bertjax.finetune.tasks).
 
-Its parts: `data` reads and encodes the TSV / tfds splits, `model` holds the Classifier heads, `metrics`
-GLUE's metrics. This module only wires them to the trainer's calls.
+Its parts, in this package: `data` reads and encodes the TSV / tfds splits, `model` holds the Classifier heads,
+`metrics` GLUE's metrics, `hf` saved classifiers and transformers' *ForSequenceClassification, `glue` the
+suite's GLUE tasks and recipes. This module only wires them to the trainer's calls.
 """
+
+import json
+import os
 
 import numpy as np
 import optax
 
 from bertjax.core.errors import UserError
-from bertjax.finetune import data as task_data, metrics as task_metrics, model as task_model
+from bertjax.finetune.classification import data as task_data, metrics as task_metrics, model as task_model
+from bertjax.finetune.model import init_params as pretrained_init
 from bertjax.finetune.tasks import TaskData
 from bertjax.hf import configs as hf_configs
 
@@ -29,8 +34,30 @@ def validate(config):
   _check(config.seq_len >= 8, f"seq_len={config.seq_len} is too short for [CLS] A [SEP] B [SEP]; use >= 8")
   heads = ("auto",) + task_model.HEADS
   _check(config.model.head in heads, f"model.head={config.model.head!r}; use {', '.join(heads)}")
-  pooling = config.model.get("pooling", "cls")
-  _check(pooling in task_model.POOLINGS, f"model.pooling={pooling!r}; use {', '.join(task_model.POOLINGS)}")
+  pooling = config.model.get("pooling", "auto")
+  poolings = ("auto",) + task_model.POOLINGS
+  _check(pooling in poolings, f"model.pooling={pooling!r}; use {', '.join(poolings)}")
+
+
+def checkpoint_pooling(checkpoint: str) -> str:
+  """The pooling an HF checkpoint's config.json states (ModernBERT's classifier_pooling: transformers pools the
+  ModernBertForSequenceClassification head by it), else "cls" (its default; bertjax workdirs state none)."""
+  path = os.path.join(checkpoint, "config.json")
+  if os.path.isdir(os.path.join(checkpoint, "checkpoints")) or not os.path.isfile(path):
+    return "cls"
+  with open(path) as f:
+    pooling = json.load(f).get("classifier_pooling", "cls")
+  if pooling not in task_model.POOLINGS:
+    raise UserError(f"{path} has classifier_pooling={pooling!r}; bertjax pools by {', '.join(task_model.POOLINGS)} "
+                    "(set --config.model.pooling)")
+  return pooling
+
+
+def pooling_of(config) -> str:
+  """The modernbert head's pooling: --config.model.pooling when it is cls or mean (given explicitly), else
+  (auto, the default) the checkpoint's own (`checkpoint_pooling`)."""
+  pooling = config.model.get("pooling", "auto")
+  return checkpoint_pooling(config.init.checkpoint) if pooling == "auto" else pooling
 
 
 def head_kind(config, loaded) -> str:
@@ -49,14 +76,22 @@ def pretrained_pooler(loaded):
   return loaded.params.get("sentence", {}).get("pooler", loaded.pooler)
 
 
-def prepare(config, loaded) -> TaskData:
-  """Reads both splits (subsampled as task.max_*_examples say) and encodes them to seq_len with the
-  checkpoint's tokenizer: input_ids, type_ids, groups, label. Further evaluation splits (task.extra_eval,
-  MNLI's mismatched dev set) are appended to the eval arrays, told apart by an `eval_split` field."""
+def read(config) -> tuple:
+  """(training examples, [evaluation examples of each eval split]): both splits read and checked (subsampled as
+  task.max_*_examples say), before the trainer loads the checkpoint."""
   task = config.task
   train_ex = task_data.subsample(task_data.read_split(task, True), task.max_train_examples, config.seed)
   evals = [task_data.subsample(task_data.read_split(task, False, name), task.max_eval_examples, config.seed)
            for name in [""] + task_data.extra_eval_names(task)]
+  return train_ex, evals
+
+
+def prepare(config, loaded, raw: tuple | None = None) -> TaskData:
+  """Encodes both splits (`raw`, what `read` returned; read now when None) to seq_len with the checkpoint's
+  tokenizer: input_ids, type_ids, groups, label. Further evaluation splits (task.extra_eval, MNLI's mismatched
+  dev set) are appended to the eval arrays, told apart by an `eval_split` field."""
+  task = config.task
+  train_ex, evals = raw if raw is not None else read(config)
   head = head_kind(config, loaded)
   pooler = pretrained_pooler(loaded)
   encoded = [task_data.encode(ex, loaded.tokenizer, config.seq_len) for ex in evals]
@@ -64,6 +99,9 @@ def prepare(config, loaded) -> TaskData:
   if len(encoded) > 1:
     eval_arrays["eval_split"] = np.concatenate([np.full(len(e["label"]), i, np.int32) for i, e in enumerate(encoded)])
   extra_counts = {f"eval_examples_{name}": len(ex.a) for name, ex in zip(task_data.extra_eval_names(task), evals[1:])}
+  pooling = "cls"  # what the other heads read: [CLS]
+  if head == "modernbert":  # reported with the run: the checkpoint's own unless --config.model.pooling says
+    pooling = extra_counts["pooling"] = pooling_of(config)
   return TaskData(
       train=task_data.encode(train_ex, loaded.tokenizer, config.seq_len),
       eval=eval_arrays,
@@ -71,19 +109,19 @@ def prepare(config, loaded) -> TaskData:
                 skipped_rows=train_ex.skipped + sum(ex.skipped for ex in evals), head=head,
                 pooler=("none" if head not in ("pooler", "modernbert") else "pretrained" if pooler is not None
                         else "fresh")),
-      model=dict(num_outputs=len(task_data.label_names(task)) or 1, head=head))
+      model=dict(num_outputs=len(task_data.label_names(task)) or 1, head=head, pooling=pooling))
 
 
 def model(config, cfg, data: TaskData, deterministic: bool) -> task_model.Classifier:
   """The Classifier over the encoder `cfg` (its head and outputs as `prepare` fixed them)."""
   return task_model.Classifier(cfg, data.model["num_outputs"], config.model.classifier_dropout,
                                deterministic=deterministic, head=data.model["head"],
-                               pooling=config.model.get("pooling", "cls"))
+                               pooling=data.model.get("pooling", "cls"))
 
 
 def init_params(model, rng, loaded) -> tuple[dict, list]:
   """(params, names of the fresh parts): encoder and embeddings (and the pooler) pretrained, head from `rng`."""
-  return task_model.init_params(model, rng, loaded.params, pretrained_pooler(loaded))
+  return pretrained_init(model, rng, loaded.params, pretrained_pooler(loaded))
 
 
 def loss(outputs, batch):
@@ -111,6 +149,6 @@ def evaluate(outputs, data: TaskData, config, seed_dir: str) -> dict:
 
 
 def save_model(directory: str, run_config, model, params) -> None:
-  """A seed's fine-tuned classifier, as bertjax.compress.prune and model.load_model read it."""
+  """A seed's fine-tuned classifier, as bertjax.compress.prune and classification.model.load_model read it."""
   task_model.save_model(directory, run_config, model, params)
 

@@ -2,9 +2,9 @@
 (interface: docs/finetune_tasks.md): the per-token head, its token-averaged loss, and the evaluation that
 reads window predictions back to words, writes conlleval's input and scores entities.
 
-The head (model.TokenClassifier) is BertForTokenClassification's (and RoBERTa's, ALBERT's, ELECTRA's):
-dropout on every final hidden state, then one linear layer to the tag logits. Data and features are in
-`tag_data`, metrics in `tag_metrics`, saved models and transformers' directories in `task_models`.
+The head (tagging.model.TokenClassifier) is BertForTokenClassification's (and RoBERTa's, ALBERT's, ELECTRA's):
+dropout on every final hidden state, then one linear layer to the tag logits. Data and features are in this
+package's `data`, metrics in `metrics`, saved models and transformers' directories in `hf`.
 """
 
 import json
@@ -14,8 +14,9 @@ import numpy as np
 import optax
 
 from bertjax.core.errors import UserError
-from bertjax.finetune import model as task_model, tag_data, tag_metrics, task_models
-from bertjax.finetune.model import TokenClassifier
+from bertjax.finetune import model as task_model, task_models
+from bertjax.finetune.tagging import data as tag_data, metrics as tag_metrics
+from bertjax.finetune.tagging.model import TokenClassifier
 from bertjax.finetune.tasks import TOKEN_FIELDS, TaskData
 
 PREDICTIONS_FILE = "predictions.conll"  # under workdir/seed_S/: token, gold, predicted per line
@@ -45,17 +46,25 @@ def validate(config):
          f"[1, seq_len - 2 = {config.seq_len - 2}] (0: half the window)")
 
 
-def prepare(config, loaded) -> TaskData:
-  """Both splits read, checked (every evaluation tag seen in training) and windowed to seq_len with the
-  checkpoint's tokenizer. The label set and the scheme come from the whole training file, before
-  task.max_train_examples subsamples it."""
+def read(config) -> tuple:
+  """(training sentences, evaluation sentences, labels, scheme): both splits read and checked (every evaluation
+  tag seen in training), before the trainer loads the checkpoint. The label set and the scheme come from the
+  whole training file, before task.max_train_examples subsamples it."""
   task = config.task
   train_all, eval_all = tag_data.read_split(task, True), tag_data.read_split(task, False)
   labels = tag_data.label_set(train_all)
   tag_data.check_tags(eval_all, labels, train_all.path)
   scheme = tag_data.scheme_of(task, train_all)
-  train_s = tag_data.subsample(train_all, task.max_train_examples, config.seed)
-  eval_s = tag_data.subsample(eval_all, task.max_eval_examples, config.seed)
+  return (tag_data.subsample(train_all, task.max_train_examples, config.seed),
+          tag_data.subsample(eval_all, task.max_eval_examples, config.seed), labels, scheme)
+
+
+def prepare(config, loaded, raw: tuple | None = None) -> TaskData:
+  """Both splits (`raw`, what `read` returned; read now when None) windowed to seq_len with the checkpoint's
+  tokenizer."""
+  task = config.task
+  train_s, eval_s, labels, scheme = raw if raw is not None else read(config)
+  labels = list(labels)  # encode may add continuation tags (label_all_subwords)
   stride, tok = stride_of(config), loaded.tokenizer
   train = tag_data.encode(train_s, tok, labels, config.seq_len, stride, scheme, task.label_all_subwords)
   evals = tag_data.encode(eval_s, tok, labels, config.seq_len, stride, scheme, task.label_all_subwords)
@@ -116,15 +125,3 @@ def save_model(directory: str, run_config, model, params) -> None:
   info = dict(labels=list(model.labels), scheme=model.scheme, classifier_dropout=model.classifier_dropout,
               tokenizer=model.tokenizer)
   task_models.save(directory, "tagging", run_config, params, info)
-
-
-def tag_words(words: list, tok, model, params, seq_len: int = 128, stride: int = 0) -> list:
-  """Tags of one pre-split sentence from a fine-tuned TokenClassifier (windowed as in training, each word
-  read from its max-context window)."""
-  from bertjax.finetune import train
-
-  s = tag_data.Sentences([list(words)], [["O"] * len(words)], [], "input")
-  arrays = tag_data.encode(s, tok, ["O"], seq_len, stride or max(1, (seq_len - 2) // 2), "none")
-  outputs = train.predict(params, {k: arrays[k] for k in TOKEN_FIELDS}, model, 8)
-  ids = tag_data.word_predictions(arrays, outputs.argmax(-1), s)[0]
-  return [model.labels[i] for i in ids]
