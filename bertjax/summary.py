@@ -14,7 +14,7 @@ from ml_collections import config_flags
 
 from bertjax.core import config as config_lib, runtime
 from bertjax.core.cli import cli, run
-from bertjax.model import flops
+from bertjax.model import flops, kinds
 from bertjax.model.pretrain import Pretrainer
 from bertjax.objectives import masking
 from bertjax.train import build
@@ -55,6 +55,7 @@ def recipe(config, model) -> list:
     lines.append(f"phase {phase.index + 1}: {phase.steps:,} steps x batch {c.batch_size:,} x seq_len {c.seq_len}, "
                  f"max_predictions {config_lib.max_predictions(c)}: {tokens:,} tokens, {fpt:,.0f} train FLOPs/token; {lr}")
   lines.append(f"recipe: {len(plan)} phase{'s' if len(plan) > 1 else ''}, {config.total_steps:,} steps, {total:,} tokens")
+  lines.append("kinds: " + ", ".join(f"{family} {kind.name}" for family, kind in kinds.chosen(config.model).items()))
   return lines
 
 
