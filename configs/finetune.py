@@ -76,6 +76,19 @@ def get_config(arg: str = "sst2"):
   c.eval_every = 0  # 0: evaluate only at the end
   c.eval_batch_size = 64
   c.save_model = False  # write each seed's fine-tuned model to WORKDIR/seed_S/model (what bertjax.compress.prune reads)
+  # Early exit (docs/early_exit.md): a classifier after every layer, trained as the method does, each example
+  # leaving at the first layer its rule allows. "" off | deebert (entropy < threshold; two stages) | pabee
+  # (threshold = patience, layers agreeing in a row; joint, depth-weighted) | fastbert (normalized entropy <
+  # threshold; self-distillation stage) | depth (a per-sequence depth classifier after layer 1; exit at the first
+  # depth whose cumulative probability >= threshold). results.json adds mean_exit_layer, flops_saved and the
+  # full-depth metrics; seed_S/exit_sweep.json the same over a sweep of thresholds.
+  c.early_exit = ""
+  c.exit = dict(
+      threshold=-1.0,  # < 0: the method's default (deebert 0.3, pabee 3, fastbert 0.5, depth 0.5)
+      sweep="",  # thresholds for exit_sweep.json, comma-separated; "": the rule's default list
+      delta=0.1,  # pabee on regression: |z_j - z_(j-1)| < delta counts as agreeing
+      depth_cost=0.1,  # depth: the oracle argmax_n [log p_n(y|x) - depth_cost * n] (nats per layer)
+  )
   # Task.
   c.task = dict(
       kind="classification",  # task family (bertjax.finetune.tasks.KINDS); span and token tasks have their own

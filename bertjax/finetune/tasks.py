@@ -53,6 +53,22 @@ class TaskData:
 
 
 @dataclasses.dataclass(frozen=True)
+class Stage:
+  """One training stage of a task that trains in several (a task module's optional `stages(config)`; without
+  it, one stage of `task.loss` over every parameter). Each stage runs the run's step count with a fresh optimizer.
+
+  loss       (outputs, batch) -> per-example loss [B], as a task's `loss`
+  trainable  params -> a tree of 0/1 multipliers (scalars or arrays broadcasting along a stacked axis) of the
+             gradients and updates; None: everything trains
+  lr_scale   the learning rate's multiplier in this stage
+  """
+
+  loss: object
+  trainable: object = None
+  lr_scale: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
   """A task family as it registers itself.
 
@@ -99,5 +115,7 @@ def families() -> dict:
 
 
 def get(config):
-  """The task module of `config` (a one-line UserError for an unknown task.kind)."""
-  return family(kind_of(config)).task
+  """The task module of `config` (a one-line UserError for an unknown task.kind): its family's, or the one its
+  `variant(config)` names (classification: the early-exit task when config.early_exit is set)."""
+  task = family(kind_of(config)).task
+  return task.variant(config) if hasattr(task, "variant") else task

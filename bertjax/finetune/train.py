@@ -107,13 +107,27 @@ def lr_schedule(config, total: int, warmup: int):
   return optim.schedule(config.optimizer.schedule, config.learning_rate, warmup, total)
 
 
-def make_tx(config, params, cfg, total: int, warmup: int) -> optax.GradientTransformation:
+def make_tx(config, params, cfg, total: int, warmup: int, stage: tasks.Stage | None = None
+            ) -> optax.GradientTransformation:
   """The fine-tuning optimizer: bertjax.train.optim's (AdamW, schedule, decay mask, clipping) over `total`
-  steps, then ELECTRA's layer-wise rate multipliers when optimizer.layerwise_decay < 1."""
-  tx = optim.make(config.optimizer, lr_schedule(config, total, warmup))
+  steps, then ELECTRA's layer-wise rate multipliers when optimizer.layerwise_decay < 1. A training `stage`
+  scales the rate and masks what it does not train: gradients before the optimizer (clipping sees only what
+  trains) and updates after it (no weight decay on frozen parameters)."""
+  scale = 1.0 if stage is None else stage.lr_scale
+  schedule = lr_schedule(config, total, warmup)
+  tx = optim.make(config.optimizer, schedule if scale == 1 else lambda s: schedule(s) * scale)
   if config.optimizer.layerwise_decay < 1:
     tx = optax.chain(tx, scale_by_tree(layer_multipliers(params, cfg, config.optimizer.layerwise_decay)))
+  if stage is not None and stage.trainable is not None:
+    mask = stage.trainable(params)
+    tx = optax.chain(scale_by_tree(mask), tx, scale_by_tree(mask))
   return tx
+
+
+def training_stages(task, config) -> list:
+  """The task's training stages (`task.stages(config)`: early exit's two-stage methods), else one stage of
+  `task.loss` training everything."""
+  return task.stages(config) if hasattr(task, "stages") else [tasks.Stage(task.loss)]
 
 
 def packed_inputs(batch) -> dict:
@@ -235,10 +249,7 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
     train_model = q8bert.model(train_model)
     ids = np.zeros((1, 8), np.int32)
     state = q8bert.init_ranges(train_model, ids, ids, ids + 1)
-  tx = make_tx(config, params, setup["cfg"], total, warmup)
-  opt_state = tx.init(params)
-  step_fn = setup.setdefault("step_fn", jax.jit(functools.partial(train_step, model=train_model, tx=tx,
-                                                                  task_loss=task.loss), donate_argnums=(0, 1, 5)))
+  stages = training_stages(task, config)
   seed_dir = os.path.join(workdir, f"seed_{seed}")
   os.makedirs(seed_dir, exist_ok=True)
   writer = MetricWriter(seed_dir)
@@ -247,8 +258,14 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   positions = real = 0  # computed token positions and real tokens since the last log line
   positions_all = real_all = seconds_eval = 0
   result = {}
-  for step in range(total):
-    batch = train_batch(train, step, config, seed, layout)
+  for step in range(total * len(stages)):  # each stage runs `total` steps over the same batches, a fresh optimizer
+    stage, stage_step = divmod(step, total)
+    if stage_step == 0:
+      tx = make_tx(config, params, setup["cfg"], total, warmup, stages[stage])
+      opt_state = tx.init(params)
+      step_fn = setup.setdefault(("step_fn", stage), jax.jit(functools.partial(
+          train_step, model=train_model, tx=tx, task_loss=stages[stage].loss), donate_argnums=(0, 1, 5)))
+    batch = train_batch(train, stage_step, config, seed, layout)
     if config.get("pack_train", False):  # several examples a row, no compute on padding (classification)
       batch = batches.packed(batch, config.seq_len)
     params, opt_state, loss, *new_state = step_fn(params, opt_state, batch, jnp.uint32(seed), jnp.int32(step), state)
@@ -258,14 +275,14 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
     positions, real, positions_all, real_all = positions + computed, real + real_now, positions_all + computed, \
         real_all + real_now
     done = step + 1
-    if done % config.log_every == 0 or done == total:
+    if done % config.log_every == 0 or done == total * len(stages):
       values = {"train/loss": float(np.mean(jax.device_get(losses))), "lr": float(lr_schedule(
-          config, total, warmup)(step)), "tokens_per_sec": positions / (time.time() - t_log),
+          config, total, warmup)(stage_step)) * stages[stage].lr_scale, "tokens_per_sec": positions / (time.time() - t_log),
           "real_token_share": real / positions}
       writer.write(done, values)
-      writer.progress(done, total, values, time.time() - t0, done)
+      writer.progress(done, total * len(stages), values, time.time() - t0, done)
       losses, t_log, positions, real = [], time.time(), 0, 0
-    if (config.eval_every and done % config.eval_every == 0) or done == total:
+    if (config.eval_every and done % config.eval_every == 0) or done == total * len(stages):
       jax.block_until_ready(params)  # the steps still in flight are training time
       t_eval = time.time()
       result = task.evaluate(outputs_of(params, state), setup["data"], config, seed_dir)
