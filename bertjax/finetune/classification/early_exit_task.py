@@ -210,3 +210,22 @@ def evaluate(outputs, data: tasks.TaskData, config, seed_dir: str) -> dict:
     json.dump(dict(method=config.early_exit, rule=exit_rules.RULES[config.early_exit], sweep=sweep,
                    full_depth={k: v for k, v in result.items() if k.startswith("full_depth_")}), f, indent=2)
   return result
+
+
+def save_model(directory: str, run_config, model, params) -> None:
+  """A seed's early-exit model for this repository's own use (benchmarks/early_exit.py times it): its params as
+  `exit_params.npz` (tree paths joined by "/") and `early_exit.json` (method, outputs). No transformers export."""
+  del run_config
+  os.makedirs(directory, exist_ok=True)
+  flat = {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
+          for path, v in jax.tree_util.tree_leaves_with_path(params)}
+  np.savez(os.path.join(directory, "exit_params.npz"), **flat)
+  with open(os.path.join(directory, "early_exit.json"), "w") as f:
+    json.dump(dict(method=model.method, num_outputs=model.num_outputs), f)
+
+
+def load_params(directory: str, like: dict) -> dict:
+  """The params `save_model` wrote, in the structure of `like` (an init of the same model)."""
+  flat = np.load(os.path.join(directory, "exit_params.npz"))
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: jnp.asarray(flat["/".join(str(getattr(k, "key", k)) for k in path)]), like)
