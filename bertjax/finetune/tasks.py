@@ -78,12 +78,15 @@ class Family:
   io       its models on disk: MODEL_FILE (the file that marks a saved model), HF_SUFFIXES (the transformers
            classes it reads, e.g. "ForTokenClassification"), build, save, load, read_hf, write_hf
   predict  what `python -m bertjax.finetune.predict` calls for it (read inputs, predict, write)
+  variant  optional config -> the task module a config runs instead of `task` (classification: the early-exit
+           task when config.early_exit is set), or None
   """
 
   kind: str
   task: object
   io: object
   predict: object = None
+  variant: object = None
 
 
 def kind_of(config) -> str:
@@ -115,7 +118,7 @@ def families() -> dict:
 
 
 def get(config):
-  """The task module of `config` (a one-line UserError for an unknown task.kind): its family's, or the one its
-  `variant(config)` names (classification: the early-exit task when config.early_exit is set)."""
-  task = family(kind_of(config)).task
-  return task.variant(config) if hasattr(task, "variant") else task
+  """The task module of `config` (a one-line UserError for an unknown task.kind): its family's, or the one the
+  family's `variant(config)` names (classification: the early-exit task when config.early_exit is set)."""
+  fam = family(kind_of(config))
+  return fam.variant(config) if fam.variant is not None else fam.task

@@ -3,7 +3,14 @@ bertjax.finetune.tasks when config.task.kind=classification or a classification 
 so that its command-line modules run with `python -m`)."""
 
 from bertjax.finetune import tasks
-from bertjax.finetune.classification import hf, predict, task
+from bertjax.finetune.classification import early_exit_task, hf, predict, task
 
-FAMILY = tasks.Family("classification", task, hf, predict)
+
+def variant(config):
+  """The task module `config` runs: the early-exit classifier (early_exit_task) when --config.early_exit names a
+  method, else the classification task."""
+  return early_exit_task if config.get("early_exit", "") else task
+
+
+FAMILY = tasks.Family("classification", task, hf, predict, variant)
 tasks.register(FAMILY)

@@ -8,7 +8,6 @@ suite's GLUE tasks and recipes. This module only wires them to the trainer's cal
 
 import json
 import os
-import sys
 
 import numpy as np
 import optax
@@ -75,15 +74,6 @@ def pretrained_pooler(loaded):
   """The checkpoint's NSP/SOP pooler (a pretraining workdir's sentence head, or an import's: BertModel's pooler,
   ModernBertForSequenceClassification's head), or None."""
   return loaded.params.get("sentence", {}).get("pooler", loaded.pooler)
-
-
-def variant(config):
-  """The task module `config` runs: the early-exit classifier (classification.early_exit_task) when
-  --config.early_exit names a method, else this module."""
-  if config.get("early_exit", ""):
-    from bertjax.finetune.classification import early_exit_task  # imports this module
-    return early_exit_task
-  return sys.modules[__name__]
 
 
 def read(config) -> tuple:
