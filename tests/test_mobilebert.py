@@ -220,7 +220,7 @@ def test_training_steps_match_transformers(tmp_path):
   m.vocab_size, m.hidden_size, m.embedding_size, m.bottleneck_size, m.intermediate_size = 300, 64, 16, 32, 48
   m.num_layers, m.dropout, m.attention_dropout, m.dtype = 2, 0.0, 0.0, "float32"
   config.optimizer.name, config.optimizer.bias_correction, config.learning_rate = "adamw", True, 2e-3
-  config.batch_size, config.seq_len, config.total_steps, config.warmup_steps = 4, 32, 20, 5
+  config.batch_size, config.seq_len, config.total_steps, config.warmup_steps = 8, 32, 20, 5
   config.masking.max_predictions = 0
   assert hf_configs.family_for(config) == "mobilebert"
   steps = build.make_steps(config, sharding.make_mesh("dp", devices=jax.devices()[:1]), SPM_SPECIAL)
