@@ -79,6 +79,13 @@ def heads(config, model, params) -> list:
   return lines
 
 
+def base_model_params(model, params) -> int:
+  """Embeddings, encoder and the pooler (when the sentence head has one): what transformers' *Model class of
+  the family counts (BertModel, MobileBertModel with its config's pooler)."""
+  pooler = params.get("sentence", {}).get("pooler", {})
+  return count(params["embeddings"]) + count(params["encoder"]) + count(pooler)
+
+
 def summarize(config) -> str:
   """The summary text of a config (what the CLI prints)."""
   if config.get("teacher"):  # a distillation config: the Distiller plugs into the factory from above
@@ -100,6 +107,8 @@ def summarize(config) -> str:
       lines.append(f"teacher params (frozen): {count(params['teacher'])}")
     if "projection" in params:
       lines.append(f"projection params (TinyBERT's, trained, not part of the student): {count(params['projection'])}")
+  if isinstance(model, Pretrainer) and model.generator is None:
+    lines.append(f"base model params: {base_model_params(model, params)}")
   lines.append(f"params: {count(params)}")
   return "\n".join(lines)
 

@@ -53,6 +53,7 @@ OVERRIDES = {
         {}, ("--config.seq_len=64", "--config.total_steps=10", "--config.seeds=1")),
     ("bertjax.distill", None, "configs/distill.py:tiny"): ({}, SHORT_RUN),
     ("bertjax.summary", None, "configs/bert.py:base"): ({}, ()),
+    ("bertjax.summary", None, "configs/mobilebert.py:mobilebert"): ({}, ()),
     ("bertjax.data.prepare", None, "configs/bert.py:tiny"): ({}, ("--workers=1",)),
     ("bertjax.hf", "fill_mask", None): ({}, ()),
     ("bertjax.hf", "export", None): ({}, ()),

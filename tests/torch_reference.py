@@ -26,7 +26,7 @@ SCHEDULES = {
 # ElectraForMaskedLM).
 PRETRAINING_CLASSES = {"bert": "BertForPreTraining", "roberta": "RobertaForMaskedLM",
                        "albert": "AlbertForPreTraining", "electra": "ElectraForPreTraining",
-                       "modernbert": "ModernBertForMaskedLM"}
+                       "modernbert": "ModernBertForMaskedLM", "mobilebert": "MobileBertForPreTraining"}
 
 
 def reference_semantics(model, dropout: bool = False):
@@ -131,7 +131,8 @@ def pretraining_loss(family: str, models: dict, masked, objectives: dict, corrup
   if any(w != 1.0 for w in objectives.values()):
     raise ValueError(f"HF's {family} loss adds its heads' losses with weight 1; objectives are {objectives}")
   sentence = long(masked["sentence_label"])
-  extra = {"bert": {"next_sentence_label": sentence}, "albert": {"sentence_order_label": sentence}}.get(family, {})
+  extra = {"bert": {"next_sentence_label": sentence}, "albert": {"sentence_order_label": sentence},
+           "mobilebert": {"next_sentence_label": sentence}}.get(family, {})
   return models[""](**kw, **extra).loss
 
 

@@ -121,6 +121,16 @@ def defaults() -> ml_collections.ConfigDict:
       # Dense weight gradients: xla (autodiff) | transposed (x^T materialized first, so XLA:CPU's YNNPACK takes
       # them; bertjax.model.layers.matmul_pretransposed). Same gradients; a CPU speed switch (docs/cpu.md).
       dense_grad="xla",
+      # MobileBERT-class encoders (docs/models.md, MobileBERT; configs/mobilebert.py).
+      layer="bert",  # bert | mobilebert (bottleneck in, attention, num_ffn FFNs, bottleneck out; bertjax.model.mobilebert)
+      bottleneck_size=0,  # mobilebert: intra-bottleneck width (the blocks inside the bottleneck run at it)
+      bottleneck_qk_shared=False,  # mobilebert: queries and keys from one shared bottleneck of the layer input
+      bottleneck_attention=False,  # mobilebert: queries, keys and values from the input bottleneck (MobileBERT-tiny)
+      num_ffn=1,  # mobilebert: feed-forward networks stacked in one layer
+      trigram_input=False,  # embeddings: [next; current; previous] word embeddings (never across packed examples)
+      embedding_transformation=False,  # embeddings: E (3E) -> H before H-wide position/type tables and the norm
+      mlm_extra_output=False,  # MLM head: H -> H transform, decoder [word embeddings^T; extra output weights]
+      pooler_activation=True,  # sentence head: tanh pooler over [CLS]; False: [CLS]'s state (HF classifier_activation)
   )
   # Objectives: name -> weight; 0 switches one off.
   c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0, wklm=0.0)

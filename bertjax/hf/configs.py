@@ -1,12 +1,12 @@
 """HF config.json <-> bertjax run config, per family (bert, roberta, albert, electra, distilbert; modernbert in
-hf.modernbert)."""
+hf.modernbert, mobilebert in hf.mobilebert)."""
 
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
-from bertjax.hf import modernbert
+from bertjax.hf import mobilebert, modernbert
 from bertjax.model import config as model_config, kinds
 
-FAMILIES = ("bert", "roberta", "albert", "electra", "modernbert", "distilbert")
+FAMILIES = ("bert", "roberta", "albert", "electra", "modernbert", "distilbert", "mobilebert")
 # HF hidden_act -> bertjax model.activation (gelu_pytorch_tanh is the same tanh approximation).
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new"}
 HF_ACTIVATION = {"gelu": "gelu", "gelu_new": "gelu_new"}
@@ -30,6 +30,8 @@ def model_section(hf: dict, family: str) -> dict:
   """bertjax `model` keys of an HF config (one network: for ELECTRA, the one this config.json describes)."""
   if family == "modernbert":
     return modernbert.model_section(hf)
+  if family == "mobilebert":
+    return mobilebert.model_section(hf)
   if family == "distilbert":
     return distilbert_model_section(hf)
   act = hf.get("hidden_act", DEFAULT_HF_ACTIVATION.get(family, "gelu"))
@@ -146,6 +148,8 @@ def to_hf(config, family: str, architecture: str, special, generator: bool = Fal
   enc = model_config.encoder_config(m, generator=generator)
   if family == "modernbert":
     return modernbert.to_hf(config, enc, architecture, special)
+  if family == "mobilebert":
+    return mobilebert.to_hf(config, enc, architecture, special)
   if enc.activation not in HF_ACTIVATION:
     raise UserError(f"model.activation={enc.activation!r} has no HF name")
   if m.sharing in ("attention", "ffn"):

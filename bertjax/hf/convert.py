@@ -19,7 +19,7 @@ import numpy as np
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
 from bertjax.data.tokenizer import SentencePieceTokenizer, SpecialIds, Tokenizer, WordPieceTokenizer
-from bertjax.hf import configs, modernbert as MB, safetensors_io, tokenizers as hf_tokenizers, weights as W
+from bertjax.hf import configs, mobilebert as MOB, modernbert as MB, safetensors_io, tokenizers as hf_tokenizers, weights as W
 from bertjax.model import config as model_config
 from bertjax.train import build
 
@@ -152,13 +152,15 @@ def read_hf(hf_dir: str, generator_dir: str = "", seed: int = 0) -> Imported:
     entries = MB.body(prefix, enc.num_layers, enc.use_bias) + (MB.mlm_head(enc.use_bias) if "mlm" in heads else [])
   elif family == "distilbert":  # no segment embeddings; layers under transformer.layer.{i}
     entries = distilbert_entries(prefix, enc.num_layers)
+  elif family == "mobilebert":  # bottleneck layers, stacked FFNs, its own heads (bertjax.hf.mobilebert)
+    entries = MOB.body(prefix, enc) + MOB.heads(enc, prefix, "mlm" in heads, "sentence" in heads)
   else:
     entries = W.embeddings(prefix) + [e for e in _body(family, config, prefix)
                                       if not (e.path.startswith("encoder/embedding_projection")
                                               and enc.embedding_size == enc.hidden_size)]
-  if "mlm" in heads and family != "modernbert":
+  if "mlm" in heads and family not in ("modernbert", "mobilebert"):
     entries += W.mlm_head(family)
-  if "sentence" in heads:
+  if "sentence" in heads and family != "mobilebert":
     entries += W.sentence_head(family, prefix)
   if "rtd" in heads:
     entries += W.rtd_head()
@@ -216,6 +218,7 @@ ARCHITECTURES = {  # (family, has sentence head) -> HF class of the exported net
     ("albert", False): "AlbertForMaskedLM", ("albert", True): "AlbertForPreTraining",
     ("distilbert", False): "DistilBertForMaskedLM",
     ("modernbert", False): "ModernBertForMaskedLM",  # its base model loads as ModernBertModel too
+    ("mobilebert", False): "MobileBertForMaskedLM", ("mobilebert", True): "MobileBertForPreTraining",
 }
 
 
@@ -253,6 +256,8 @@ def encoder_tensors(config, params, family: str, special: SpecialIds, generator:
   scope = "generator_encoder" if generator else "encoder"
   if family == "modernbert":  # fused q/k/v, per-layer norms shifted by one (bertjax.hf.modernbert)
     return MB.join_qkv(W.export_tensors(MB.body(prefix, enc.num_layers, enc.use_bias), params))
+  if family == "mobilebert":
+    return W.export_tensors(MOB.body(prefix, enc), params)
   if family == "distilbert":
     entries = distilbert_entries(prefix, enc.num_layers)
   else:
@@ -286,9 +291,11 @@ def _network(config, params, family: str, generator: bool, special: SpecialIds, 
     entries = W.mlm_head("electra", "generator_mlm") if generator else W.rtd_head()
   elif family == "modernbert":
     entries = MB.mlm_head(configs.model_config.encoder_config(config.model).use_bias)
+  elif family == "mobilebert":
+    entries = MOB.heads(configs.model_config.encoder_config(config.model), W.PREFIX[family], True, sentence)
   else:
     entries = W.mlm_head(family) + (W.sentence_head(family, W.PREFIX[family]) if sentence else [])
-  if pooler is not None and not sentence and not generator and family in ("bert", "roberta", "albert"):
+  if pooler is not None and not sentence and not generator and family in ("bert", "roberta", "albert", "mobilebert"):
     # *ForMaskedLM has no pooler, but BertModel / RobertaModel / AlbertModel read it from the same file,
     # and a re-import keeps it for fine-tuning.
     entries += W.entries_of("pooler", W.PREFIX[family] + ("pooler" if family == "albert" else "pooler.dense"))

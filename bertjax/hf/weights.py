@@ -41,11 +41,14 @@ MLM_HEADS = {
 }
 MLM_HEADS["distilbert"] = (("mlm/transform", "vocab_transform"), ("mlm/ln", "vocab_layer_norm"))
 MLM_BIAS = {"bert": "cls.predictions.bias", "roberta": "lm_head.bias", "albert": "predictions.bias",
-            "electra": "generator_lm_head.bias", "distilbert": "vocab_projector.bias", "modernbert": "decoder.bias"}
-SENTENCE_CLASSIFIER = {"bert": "cls.seq_relationship", "albert": "sop_classifier.classifier"}
+            "electra": "generator_lm_head.bias", "distilbert": "vocab_projector.bias", "modernbert": "decoder.bias",
+            "mobilebert": "cls.predictions.bias"}
+SENTENCE_CLASSIFIER = {"bert": "cls.seq_relationship", "albert": "sop_classifier.classifier",
+                       "mobilebert": "cls.seq_relationship"}
 RTD_HEAD = (("rtd/transform", "discriminator_predictions.dense"), ("rtd/logit", "discriminator_predictions.dense_prediction"))
 PREFIX = {"bert": "bert.", "roberta": "roberta.", "albert": "albert.", "electra": "electra.",
-          "distilbert": "distilbert.", "modernbert": "model."}  # ModernBERT's own maps: bertjax.hf.modernbert
+          "distilbert": "distilbert.", "modernbert": "model.",
+          "mobilebert": "mobilebert."}  # ModernBERT's and MobileBERT's own maps: bertjax.hf.modernbert, .mobilebert
 
 
 @dataclasses.dataclass(frozen=True)

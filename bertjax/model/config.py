@@ -4,9 +4,9 @@ import jax
 
 from bertjax.core import config as config_lib
 from bertjax.core.config import check, DTYPES
-from bertjax.model import attention as attention_lib, kinds, layer  # noqa: F401  (layer: the built-in kinds)
+from bertjax.model import attention as attention_lib, kinds, layer_kinds  # noqa: F401  (the built-in kinds)
 from bertjax.model.hparams import EncoderConfig, REMAT_POLICIES, SHARING_MODES
-from bertjax.model.layers import DENSE_GRADS
+from bertjax.model.layers import ACTIVATIONS, DENSE_GRADS
 
 
 def encoder_config(m, generator: bool = False, platform: str | None = None) -> EncoderConfig:
@@ -27,7 +27,10 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       activation=m.activation, position_offset=m.position_offset, attention=impl, head_size=m.head_size,
       position=m.position, rope_theta=m.rope_theta, local_rope_theta=m.local_rope_theta, ffn=m.ffn, norm=m.norm,
       use_bias=m.use_bias, local_layers=local_layers(m), local_window=m.local_window, init=m.init,
-      attention_kind=m.attention_kind,
+      attention_kind=m.attention_kind, layer=m.layer, bottleneck_size=m.bottleneck_size,
+      bottleneck_qk_shared=m.bottleneck_qk_shared, bottleneck_attention=m.bottleneck_attention, num_ffn=m.num_ffn,
+      trigram_input=m.trigram_input, embedding_transformation=m.embedding_transformation,
+      mlm_extra_output=m.mlm_extra_output, pooler_activation=m.pooler_activation,
       dense_grad=dense_grad(m.get("dense_grad", "xla"), platform or jax.default_backend()))
 
 
@@ -65,7 +68,7 @@ def validate(config):
   check(m.head_size > 0 or m.hidden_size % m.num_heads == 0,
         f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; "
         "change one of them so that the head width is whole")
-  check(m.activation in ("gelu", "gelu_new"), f"model.activation={m.activation!r}; use gelu or gelu_new")
+  check(m.activation in ACTIVATIONS, f"model.activation={m.activation!r}; use one of {', '.join(ACTIVATIONS)}")
   check(m.sharing in SHARING_MODES, f"model.sharing={m.sharing!r}; use one of {', '.join(SHARING_MODES)}")
   check(m.remat in REMAT_POLICIES, f"model.remat={m.remat!r}; use one of {', '.join(REMAT_POLICIES)}")
   check(m.get("dense_grad", "xla") in ("auto", *DENSE_GRADS),
@@ -81,6 +84,9 @@ def _validate_modern(m):
   kind checks its own options: rope's head width, the pattern of local layers) and the init scheme."""
   kinds.check(m)
   check(m.init in ("bert", "modernbert"), f"model.init={m.init!r}; use bert or modernbert")
+  check(not m.trigram_input or m.embedding_transformation,
+        "model.trigram_input=True concatenates 3 embeddings that only the embeddings' projection maps to H; "
+        "set model.embedding_transformation=True")
 
 
 def validate_attention(config):

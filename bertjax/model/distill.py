@@ -28,7 +28,7 @@ def _forward(m: Pretrainer, batch, all_positions: bool = False):
   """(embedding output, final hidden states, MLM logits) of a (bound) Pretrainer: the logits at every
   position with `all_positions`, else at the masked slots."""
   ids = batch["input_ids"]
-  emb = m.embeddings(ids, batch["type_ids"], m.deterministic, batch.get("position_ids"))
+  emb = m.embeddings(ids, batch["type_ids"], m.deterministic, batch.get("position_ids"), batch["groups"])
   hidden = m.encoder(emb, batch["groups"])
   positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape) if all_positions else batch["mlm_positions"]
   return emb, hidden, m.mlm(hidden, positions, m.embeddings)

@@ -1,34 +1,49 @@
-"""The input embeddings: word + position (as the position kind adds it) + segment tables, LayerNorm and dropout,
-at width E (ALBERT's factorized E; the encoder projects to H)."""
+"""The input embeddings: word + position (as the position kind adds it) + segment tables, the norm kind's norm
+and dropout, at width E (ALBERT's factorized E; the encoder projects to H). With `embedding_transformation`
+(MobileBERT) the word embeddings (or their trigram, bertjax.model.trigram) are projected to H first, and the
+position and segment tables are H wide."""
+
+import dataclasses
 
 import jax.numpy as jnp
 from flax import linen as nn
 
 from bertjax.core import sharding as sh
-from bertjax.model import kinds
+from bertjax.model import kinds, trigram
 from bertjax.model.dropout import token_dropout
 from bertjax.model.hparams import EncoderConfig
-from bertjax.model.layers import kernel_init, layer_norm, tokens_matmul
+from bertjax.model.layers import dense, kernel_init, tokens_matmul
 
 
 class Embeddings(nn.Module):
-  """Token + position (the position kind's table, if any) + segment embeddings, LayerNorm and dropout, width E."""
+  """Token + position (the position kind's table, if any) + segment embeddings, norm and dropout, width E
+  (H with embedding_transformation)."""
 
   cfg: EncoderConfig
 
   def setup(self):
     c = self.cfg
+    width = c.hidden_size if c.embedding_transformation else c.embedding_size  # of the tables added to words
     self.word = self.param("word", kernel_init(c, (sh.VOCAB, sh.EMBED)), (c.vocab_size, c.embedding_size))
-    self.position = kinds.of(c, "position").table(self, c)  # None: positions enter the attention layers
+    # None: positions enter the attention layers
+    self.position = kinds.of(c, "position").table(self, dataclasses.replace(c, embedding_size=width))
     if c.type_vocab_size:  # 0: no segment embeddings (DistilBERT)
-      self.type = self.param("type", kernel_init(c, (None, sh.EMBED)), (c.type_vocab_size, c.embedding_size))
-    self.ln = layer_norm(c, "ln")
+      self.type = self.param("type", kernel_init(c, (None, sh.EMBED)), (c.type_vocab_size, width))
+    if c.embedding_transformation:
+      fan_in = c.embedding_size * (3 if c.trigram_input else 1)
+      self.transformation = dense(c, fan_in, c.hidden_size, (None, sh.EMBED), "transformation")
+    self.ln = kinds.of(c, "norm").norm(c, "ln")
     self.drop = token_dropout(c, c.dropout)
 
-  def __call__(self, input_ids, type_ids, deterministic: bool, position_ids=None):
-    """position_ids [B, S] restart the positions of packed examples; default 0..S-1 (+ offset)."""
+  def __call__(self, input_ids, type_ids, deterministic: bool, position_ids=None, groups=None):
+    """position_ids [B, S] restart the positions of packed examples; default 0..S-1 (+ offset). groups [B, S]
+    (the encoder's) keep trigram inputs inside packed examples; default one example a row."""
     word, position, type_table = self.tables()
     x = jnp.take(word, input_ids, axis=0)
+    if self.cfg.trigram_input:
+      x = trigram.trigram(x, groups)
+    if self.cfg.embedding_transformation:
+      x = self.transformation(x)
     pos = kinds.of(self.cfg, "position").embed(self.cfg, position, input_ids.shape[1], position_ids)
     x = x + pos + (jnp.take(type_table, type_ids, axis=0) if self.cfg.type_vocab_size else 0)
     x = self.drop(self.ln(x), deterministic=deterministic)

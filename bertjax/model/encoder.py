@@ -16,9 +16,9 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bertjax.core import sharding as sh
-from bertjax.model import kinds
+from bertjax.model import kinds, layer_kinds  # noqa: F401  (layer_kinds: the built-in kinds register)
 from bertjax.model.hparams import EncoderConfig, layers_per_iteration, QUANT_RANGES, REMAT_POLICIES
-from bertjax.model.layer import Layer, shared_blocks, stacked_init
+from bertjax.model.layer import shared_blocks, stacked_init
 from bertjax.model.layers import Block, dense, rows_at
 
 
@@ -33,13 +33,13 @@ class Encoder(Block):
     outputs_at: optional [B, K] positions (a classifier's [CLS]): the encoder returns only their hidden states
     [B, K, E], and its last layer computes only them (`last_layer_at`)."""
     c = self.cfg
-    if c.embedding_size != c.hidden_size:
+    if c.projects_in_encoder:
       x = dense(c, c.embedding_size, c.hidden_size, (None, sh.EMBED), "embedding_projection")(x)
     shared = {name: self.param(name, stacked_init(c, name, c.num_groups)) for name in shared_blocks(c.sharing)}
     positions = kinds.of(c, "position").layer_tables(c, position_ids, x.shape[:2])
-    layer = Layer
+    layer = kinds.of(c, "layer").module  # the layer kind's flax module (bert: bertjax.model.layer.Layer)
     if REMAT_POLICIES[c.remat] is not None or c.remat == "full":
-      layer = nn.remat(Layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
+      layer = nn.remat(layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
     norm = kinds.of(c, "norm")
     carry = norm.start(x)
     mask = kinds.of(c, "attention").mask(c, groups)

@@ -7,21 +7,26 @@ the `max_predictions` gathered positions only; the RTD/sentence heads; SpanBERT'
 positions; StructBERT's shuffled positions through the MLM head. ALBERT sharing changes none of it.
 """
 
-from bertjax.model import kinds, layer  # noqa: F401  (layer: the built-in kinds)
+from bertjax.model import kinds, layer_kinds  # noqa: F401  (layer_kinds: the built-in kinds)
 from bertjax.model.hparams import EncoderConfig
 
 
 def encoder_forward_flops(c: EncoderConfig, seq_len: int) -> float:
-  """Forward FLOPs per token of one encoder: each layer's attention and FFN as their kinds count them (a local
-  attention layer over the keys in its window), the position kind's own, and the E->H projection."""
-  attention, ffn, position = (kinds.of(c, f) for f in ("attention", "ffn", "position"))
-  layers = sum(attention.forward_flops(c, seq_len, i) + ffn.forward_flops(c) for i in range(c.num_layers))
-  proj = 2 * c.embedding_size * c.hidden_size if c.embedding_size != c.hidden_size else 0
-  return layers + position.forward_flops(c) + proj
+  """Forward FLOPs per token of one encoder: each layer as its layer kind counts it (the BERT layer: its attention
+  and FFN kinds'; a local attention layer over the keys in its window), the position kind's own, and the E->H
+  projection (MobileBERT's embedding transformation of 3E with trigram inputs)."""
+  layer = kinds.of(c, "layer")
+  layers = sum(layer.forward_flops(c, seq_len, i) for i in range(c.num_layers))
+  fan_in = c.embedding_size * (3 if c.trigram_input else 1)
+  proj = 2 * fan_in * c.hidden_size if c.projects_in_encoder or c.embedding_transformation else 0
+  return layers + kinds.of(c, "position").forward_flops(c) + proj
 
 
 def mlm_head_forward_flops(c: EncoderConfig, seq_len: int, max_predictions: int) -> float:
-  per_position = 2 * (c.hidden_size * c.embedding_size + c.embedding_size * c.vocab_size)
+  """The MLM head on `max_predictions` positions: transform H -> E and decoder E -> V (MobileBERT's extra output
+  weights: H -> H and H -> V)."""
+  width = c.hidden_size if c.mlm_extra_output else c.embedding_size
+  per_position = 2 * (c.hidden_size * width + width * c.vocab_size)
   return per_position * max_predictions / seq_len
 
 

@@ -6,7 +6,7 @@ from flax import linen as nn
 
 from bertjax.core import sharding as sh
 from bertjax.model.hparams import EncoderConfig
-from bertjax.model.layers import activation, dense, kernel_init, layer_norm, zeros_init
+from bertjax.model.layers import activation, dense, kernel_init, layer_norm, tokens_matmul, zeros_init
 
 # SpanBERT's SBO head (facebookresearch/SpanBERT pretraining/fairseq/models/pair_bert.py,
 # BertPairTargetPredictionHead(max_targets=args.max_pair_targets, position_embedding_size=200)): a
@@ -24,23 +24,32 @@ def gather_positions(hidden, positions):
 
 class MLMHead(nn.Module):
   """BERT's MLM transform (dense H->E, GELU, LayerNorm in E; ModernBertPredictionHead is the same, without
-  biases), decoded through the tied word embeddings plus an output bias."""
+  biases), decoded through the tied word embeddings plus an output bias. With mlm_extra_output (MobileBERT's
+  head) the transform keeps width H (LayerNorm in H, a true LayerNorm whatever the encoder's norm kind) and the
+  decoder is [word embeddings^T; extra_output], extra_output [H - E, V] (HF cls.predictions.dense.weight)."""
 
   cfg: EncoderConfig
 
   @nn.compact
   def __call__(self, hidden, positions, embeddings):
     c = self.cfg
+    width = c.hidden_size if c.mlm_extra_output else c.embedding_size
     x = gather_positions(hidden, positions)
-    x = dense(c, c.hidden_size, c.embedding_size, (sh.EMBED, None), "transform", c.use_bias, out=True)(x)
-    x = layer_norm(c, "ln", names=(None,))(activation(c, x))
+    x = dense(c, c.hidden_size, width, (sh.EMBED, None), "transform", c.use_bias, out=True)(x)
+    x = layer_norm(c, "ln", names=(None,))(activation(c, x)).astype(c.dtype)
     bias = self.param("bias", zeros_init((sh.VOCAB,)), (c.vocab_size,))  # kept without use_bias (ModernBERT's decoder_bias)
     # Decoder in the compute dtype, logits and loss in float32.
-    return embeddings.attend(x.astype(c.dtype)).astype(jnp.float32) + bias
+    if not c.mlm_extra_output:
+      return embeddings.attend(x).astype(jnp.float32) + bias
+    e = c.embedding_size
+    extra = self.param("extra_output", kernel_init(c, (None, sh.VOCAB)), (c.hidden_size - e, c.vocab_size))
+    logits = embeddings.attend(x[..., :e]) + tokens_matmul(x[..., e:], extra.astype(c.dtype), 1, grad=c.dense_grad)
+    return logits.astype(jnp.float32) + bias
 
 
 class SentenceHead(nn.Module):
-  """Tanh pooler over [CLS] and a classifier: 2-way for NSP and SOP, 3-way for StructBERT's SSO."""
+  """Tanh pooler over [CLS] and a classifier: 2-way for NSP and SOP, 3-way for StructBERT's SSO. Without
+  pooler_activation (the released MobileBERT's classifier_activation false) the pooler is [CLS]'s state itself."""
 
   cfg: EncoderConfig
   classes: int = 2
@@ -48,7 +57,9 @@ class SentenceHead(nn.Module):
   @nn.compact
   def __call__(self, hidden):
     c = self.cfg
-    pooled = jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pooler")(hidden[:, 0]))
+    pooled = hidden[:, 0]
+    if c.pooler_activation:
+      pooled = jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pooler")(pooled))
     return dense(c, c.hidden_size, self.classes, (sh.EMBED, None), "classifier")(pooled).astype(jnp.float32)
 
 

@@ -86,6 +86,21 @@ class EncoderConfig:
   # How a dense layer's weight gradient is computed: "xla" (autodiff: x^T @ dy with x transposed in the
   # dot, which XLA:CPU's YNNPACK rejects and leaves to Eigen) | "transposed" (`matmul_pretransposed`).
   dense_grad: str = "xla"
+  # MobileBERT-class options (docs/models.md, MobileBERT); the defaults are BERT's and change nothing.
+  layer: str = "bert"  # the layer kind (bertjax.model.layer_kinds): bert | mobilebert (bottleneck block)
+  bottleneck_size: int = 0  # mobilebert: the intra-bottleneck width (HF intra_bottleneck_size)
+  bottleneck_qk_shared: bool = False  # mobilebert: queries and keys read one shared bottleneck of the input
+  bottleneck_attention: bool = False  # mobilebert: queries, keys and values read the input bottleneck (tiny)
+  num_ffn: int = 1  # mobilebert: feed-forward networks stacked in one layer, each with residual and norm
+  trigram_input: bool = False  # the [next, current, previous] word embeddings concatenated (3E wide)
+  embedding_transformation: bool = False  # E (3E) -> H inside the embeddings; position/type tables H wide
+  mlm_extra_output: bool = False  # MLM transform H -> H, decoder [word embeddings^T; extra [H - E, V]]
+  pooler_activation: bool = True  # the sentence head's tanh pooler; False: [CLS]'s state as it is
+
+  @property
+  def projects_in_encoder(self) -> bool:
+    """Whether the encoder maps E to H (ALBERT's factorized embeddings; MobileBERT's embeddings do it)."""
+    return self.embedding_size != self.hidden_size and not self.embedding_transformation
 
   @property
   def head_dim(self) -> int:

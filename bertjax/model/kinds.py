@@ -1,4 +1,4 @@
-"""Registries of the encoder's parts: attention, position, norm and feed-forward kinds, looked up by config string.
+"""Registries of the encoder's parts: attention, position, norm, feed-forward and layer kinds, looked up by config string.
 
 A kind is an object of a small class that registers itself when its module is imported
 (`@kinds.register("ffn", "geglu")`); the encoder, the FLOP counter, `summary`, the transformers converters and
@@ -10,6 +10,7 @@ the config checks ask the kind, and never test its name. Which config key select
 | `position`  | `position`                | `learned`, `rope` (bertjax.model.positions)     |
 | `norm`      | `norm`                    | `post`, `pre` (bertjax.model.norms)             |
 | `ffn`       | `ffn`                     | `mlp`, `geglu` (bertjax.model.ffn)              |
+| `layer`     | `layer`                   | `bert`, `mobilebert` (bertjax.model.layer_kinds) |
 
 What a kind of each family answers is written in its base class below; docs/layout.md shows how to add one
 (and tests/test_kinds.py registers a toy kind from outside the package and trains it).
@@ -17,7 +18,7 @@ What a kind of each family answers is written in its base class below; docs/layo
 
 from bertjax.core.errors import UserError
 
-KEYS = {"attention": "attention_kind", "position": "position", "norm": "norm", "ffn": "ffn"}
+KEYS = {"attention": "attention_kind", "position": "position", "norm": "norm", "ffn": "ffn", "layer": "layer"}
 _REGISTRY: dict[str, dict[str, object]] = {family: {} for family in KEYS}
 
 

@@ -36,11 +36,16 @@ def _gelu_bwd(x, g):
 gelu.defvjp(_gelu_fwd, _gelu_bwd)
 
 
+ACTIVATIONS = ("gelu", "gelu_new", "relu")
+
+
 def activation(cfg: EncoderConfig, x):
   """The FFN / MLM-head activation: exact GELU, or its tanh approximation where the reference uses it
-  (ALBERT: google-research/albert modeling.py's gelu(); HF's gelu_new)."""
+  (ALBERT: google-research/albert modeling.py's gelu(); HF's gelu_new), or ReLU (MobileBERT)."""
   if cfg.activation == "gelu_new":
     return nn.gelu(x, approximate=True)
+  if cfg.activation == "relu":
+    return nn.relu(x)
   return gelu(x)
 
 

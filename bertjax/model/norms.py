@@ -11,6 +11,7 @@ calling module's scope, so that parameter names (`ln`, `out_ln`) stay where chec
 another normalization and post placement (MobileBERT's NoNorm) overrides `norm` only.
 """
 
+from bertjax.core import sharding as sh
 from bertjax.model import kinds
 from bertjax.model.layers import layer_norm
 
@@ -18,9 +19,10 @@ from bertjax.model.layers import layer_norm
 class Post(kinds.Kind):
   """BERT's post-LayerNorm."""
 
-  def norm(self, c, name: str):
-    """The normalization module named `name` in the calling scope (float32 LayerNorm)."""
-    return layer_norm(c, name)
+  def norm(self, c, name: str, names=(sh.EMBED,)):
+    """The normalization module named `name` in the calling scope (float32 LayerNorm); `names`: the logical
+    axis name of the normalized axis."""
+    return layer_norm(c, name, names)
 
   def start(self, x):
     """The layer scan's carry from the embeddings."""

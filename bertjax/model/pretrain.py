@@ -82,7 +82,7 @@ class Pretrainer(nn.Module):
 
   def encode(self, input_ids, type_ids, groups, position_ids=None):
     """Final hidden states [B, S, H] of the main encoder."""
-    emb = self.embeddings(input_ids, type_ids, self.deterministic, position_ids)
+    emb = self.embeddings(input_ids, type_ids, self.deterministic, position_ids, groups)
     return self.encoder(emb, groups, position_ids=position_ids)  # rotary positions restart per packed example
 
   def score(self, input_ids, type_ids):
@@ -131,7 +131,7 @@ class Pretrainer(nn.Module):
       if self.wklm_mentions:
         out["wklm_logits"] = self.wklm_head(hidden, batch["wklm_first"], batch["wklm_last"])
     else:
-      emb = self.embeddings(ids, types, self.deterministic, positions)
+      emb = self.embeddings(ids, types, self.deterministic, positions, groups)
       gen_hidden = self.generator_encoder(emb, groups, position_ids=positions)
       out["mlm_logits"] = logits = self.generator_mlm(gen_hidden, batch["mlm_positions"], self.embeddings)
       sampled = sample_tokens(self.make_rng("sample"), jax.lax.stop_gradient(logits), self.sample_temperature)

@@ -1,0 +1,53 @@
+"""Layer kinds (`model.layer`): the structure of one layer of the scanned stack. Importing this module registers
+every built-in kind of every family (bertjax.model.layer imports the attention, position, norm and FFN kinds).
+
+- `bert`: the BERT layer (bertjax.model.layer.Layer): the attention kind's block, then the FFN block, with the norm
+  kind placing residuals and norms; ALBERT's sharing.
+- `mobilebert`: MobileBERT's bottleneck block (bertjax.model.mobilebert).
+
+A layer kind answers the flax module the encoder scans (`module`, called as Layer is: carry, layer index, the
+attention kind's mask, shared blocks, head gates, position tables, query positions; it returns (carry, None)),
+its forward FLOPs (`forward_flops`), and its config checks.
+"""
+
+from bertjax.core.config import check
+from bertjax.model import kinds, layer, mobilebert, nonorm  # noqa: F401  (each registers its kinds)
+
+
+class LayerKind(kinds.Kind):
+  """The interface."""
+
+  module = None  # the flax module of one layer
+
+  def forward_flops(self, c, seq_len: int, index: int) -> float:
+    """Forward matmul FLOPs per token of layer `index`."""
+    raise NotImplementedError
+
+
+@kinds.register("layer", "bert")
+class Bert(LayerKind):
+  """The BERT layer: its parts are the attention, FFN and norm kinds'."""
+
+  module = layer.Layer
+
+  def check(self, m):
+    check(m.num_ffn == 1 and not m.bottleneck_size,
+          f"model.num_ffn={m.num_ffn} and model.bottleneck_size={m.bottleneck_size} are options of "
+          "model.layer=mobilebert; set it, or num_ffn=1 and bottleneck_size=0")
+
+  def forward_flops(self, c, seq_len, index):
+    return kinds.of(c, "attention").forward_flops(c, seq_len, index) + kinds.of(c, "ffn").forward_flops(c)
+
+
+@kinds.register("layer", "mobilebert")
+class MobileBert(LayerKind):
+  """MobileBERT's bottleneck layer."""
+
+  module = mobilebert.MobileBertLayer
+  hf_family = "mobilebert"
+
+  def check(self, m):
+    mobilebert.check(m)
+
+  def forward_flops(self, c, seq_len, index):
+    return mobilebert.forward_flops(c, seq_len)
