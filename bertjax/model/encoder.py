@@ -33,16 +33,8 @@ class Encoder(Block):
     outputs_at: optional [B, K] positions (a classifier's [CLS]): the encoder returns only their hidden states
     [B, K, E], and its last layer computes only them (`last_layer_at`)."""
     c = self.cfg
-    if c.projects_in_encoder:
-      x = dense(c, c.embedding_size, c.hidden_size, (None, sh.EMBED), "embedding_projection")(x)
-    shared = {name: self.param(name, stacked_init(c, name, c.num_groups)) for name in shared_blocks(c.sharing)}
-    positions = kinds.of(c, "position").layer_tables(c, position_ids, x.shape[:2])
-    layer = kinds.of(c, "layer").module  # the layer kind's flax module (bert: bertjax.model.layer.Layer)
-    if REMAT_POLICIES[c.remat] is not None or c.remat == "full":
-      layer = nn.remat(layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
-    norm = kinds.of(c, "norm")
-    carry = norm.start(x)
-    mask = kinds.of(c, "attention").mask(c, groups)
+    carry, mask, shared, positions = self.start(x, groups, position_ids)
+    layer = remat(kinds.of(c, "layer").module, c)  # the layer kind's flax module (bert: bertjax.model.layer.Layer)
     if outputs_at is not None and self.last_layer_at():
       out = self.split_stack(layer, carry, mask, shared, head_gates, positions, outputs_at)
     else:
@@ -50,7 +42,18 @@ class Encoder(Block):
           carry, jnp.arange(c.num_layers), mask, shared, head_gates, positions)
       if outputs_at is not None:
         out = jax.tree.map(lambda h: rows_at(h, outputs_at), out)
-    return norm.output(out)
+    return kinds.of(c, "norm").output(out)
+
+  def start(self, x, groups, position_ids=None):
+    """What the layers start from, in the encoder's scope: the scan's first carry (the norm kind's, after the E->H
+    projection if factorized), the attention kind's mask, the shared blocks' parameters (ALBERT) and the position
+    kind's tables. A caller that runs the layers its own way (early exit's per-layer outputs) starts here too."""
+    c = self.cfg
+    if c.projects_in_encoder:
+      x = dense(c, c.embedding_size, c.hidden_size, (None, sh.EMBED), "embedding_projection")(x)
+    shared = {name: self.param(name, stacked_init(c, name, c.num_groups)) for name in shared_blocks(c.sharing)}
+    positions = kinds.of(c, "position").layer_tables(c, position_ids, x.shape[:2])
+    return kinds.of(c, "norm").start(x), kinds.of(c, "attention").mask(c, groups), shared, positions
 
   def last_layer_at(self) -> bool:
     """Whether the last layer can compute only the wanted positions: with the xla attention of a kind that can,
@@ -79,6 +82,13 @@ class Encoder(Block):
     out, _ = layer(c, self.deterministic, parent=None).apply(
         {"params": last}, carry, jnp.int32(n - 1), mask, shared, gates[1], positions, at, rngs=rngs())
     return out
+
+
+def remat(layer, c: EncoderConfig):
+  """The layer module under the config's remat policy (as it is under `none`)."""
+  if REMAT_POLICIES[c.remat] is None and c.remat != "full":
+    return layer
+  return nn.remat(layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
 
 
 def scan_layers(layer, c: EncoderConfig, length: int):

@@ -14,13 +14,13 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bertjax.core import sharding as sh
+from bertjax.core.errors import UserError
 from bertjax.finetune.classification import exit_rules
 from bertjax.model import kinds
 from bertjax.model.embeddings import Embeddings
-from bertjax.model.encoder import Encoder, scan_layers
-from bertjax.model.hparams import EncoderConfig, REMAT_POLICIES
-from bertjax.model.layer import Layer, shared_blocks, stacked_init
-from bertjax.model.layers import dense
+from bertjax.model.encoder import Encoder, remat, scan_layers
+from bertjax.model.hparams import EncoderConfig
+from bertjax.model.layer import Layer
 
 METHODS = tuple(exit_rules.RULES)
 STUDENT = 128  # FastBERT's classifier width (cla_hidden_size) and its 2 attention heads
@@ -49,17 +49,12 @@ class ExitEncoder(Encoder):
   @nn.compact
   def __call__(self, x, groups, start_only: bool = False):
     c = self.cfg
-    if c.embedding_size != c.hidden_size:
-      x = dense(c, c.embedding_size, c.hidden_size, (None, sh.EMBED), "embedding_projection")(x)
-    shared = {name: self.param(name, stacked_init(c, name, c.num_groups)) for name in shared_blocks(c.sharing)}
-    positions = kinds.of(c, "position").layer_tables(c, None, x.shape[:2])
-    carry = kinds.of(c, "norm").start(x)
-    mask = kinds.of(c, "attention").mask(c, groups)
+    if kinds.of(c, "layer").module is not Layer:  # HiddenLayer extends the BERT layer
+      raise UserError(f"early exit runs on the bert layer kind; this model's is model.layer={c.layer}")
+    carry, mask, shared, positions = self.start(x, groups)
     if start_only:
       return carry, mask, shared, positions
-    layer = HiddenLayer
-    if REMAT_POLICIES[c.remat] is not None or c.remat == "full":
-      layer = nn.remat(HiddenLayer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
+    layer = remat(HiddenLayer, c)
     _, hidden = scan_layers(layer, c, c.num_layers)(c, self.deterministic, keep_tokens=self.keep_tokens,
                                                     name="layers")(carry, jnp.arange(c.num_layers), mask, shared,
                                                                    None, positions)
