@@ -4,7 +4,7 @@ import jax
 
 from bertjax.core import config as config_lib
 from bertjax.core.config import check, DTYPES
-from bertjax.model import attention as attention_lib, kinds, layer  # noqa: F401  (layer: the built-in kinds)
+from bertjax.model import attention as attention_lib, kinds, layer, lsra  # noqa: F401  (layer: the built-in kinds)
 from bertjax.model.hparams import EncoderConfig, REMAT_POLICIES, SHARING_MODES
 from bertjax.model.layers import DENSE_GRADS
 
@@ -27,7 +27,8 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       activation=m.activation, position_offset=m.position_offset, attention=impl, head_size=m.head_size,
       position=m.position, rope_theta=m.rope_theta, local_rope_theta=m.local_rope_theta, ffn=m.ffn, norm=m.norm,
       use_bias=m.use_bias, local_layers=local_layers(m), local_window=m.local_window, init=m.init,
-      attention_kind=m.attention_kind,
+      attention_kind=m.attention_kind, lsra_kernel_sizes=lsra.parse_kernel_sizes(m.lsra_kernel_sizes),
+      lsra_conv=m.lsra_conv, lsra_glu=m.lsra_glu, lsra_weight_dropout=m.lsra_weight_dropout,
       dense_grad=dense_grad(m.get("dense_grad", "xla"), platform or jax.default_backend()))
 
 
