@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 from bertjax.core import sharding
 from bertjax.core.errors import UserError
@@ -106,7 +107,7 @@ def test_packed_examples_equal_running_them_apart(conv, glu):
   kind, block = kinds.of(c, "attention"), lsra.LongShortRangeAttention(c)
   x = jax.random.normal(jax.random.key(0), (1, 12, 16))
   groups = jnp.asarray([[1] * 5 + [2] * 4 + [0] * 3])
-  params = block.init(jax.random.key(1), x, kind.mask(c, groups))
+  params = nn.unbox(block.init(jax.random.key(1), x, kind.mask(c, groups)))
   run = jax.jit(lambda x, g, layer: block.apply(params, x, kind.mask(c, g), layer_index=layer))
   alone = lambda part, layer: run(x[:, part], jnp.ones((1, part.stop - part.start), jnp.int32), layer)
   for layer in range(3):
@@ -115,6 +116,12 @@ def test_packed_examples_equal_running_them_apart(conv, glu):
     np.testing.assert_allclose(packed[:, 5:9], alone(slice(5, 9), layer), rtol=1e-5, atol=1e-5)
   # The kernel sizes differ per layer: layer 0 (3 taps) and layer 2 (7 taps) differ on the same input.
   assert not np.allclose(run(x, groups, 0), run(x, groups, 2), atol=1e-4)
+  # Every parameter of both branches gets a gradient (through the band matrices and the tap mask).
+  loss = lambda p: (block.apply(p, x, kind.mask(c, groups), layer_index=1)[:, :9] ** 2).sum()
+  grads = jax.jit(jax.grad(loss))(params)["params"]
+  for name in ("query", "output", "conv_in", "conv_out", "conv_weights" if conv == "dynamic" else "conv_kernel"):
+    g = np.asarray(grads[name] if name == "conv_kernel" else grads[name]["kernel"])
+    assert np.isfinite(g).all() and np.abs(g).max() > 0, name
 
 
 def test_layer_taps_are_centred_in_the_largest_kernel():
@@ -170,6 +177,7 @@ def test_config_checks_are_one_line_with_the_fix():
     kinds.hf_family(good.model)
 
 
+@pytest.mark.slow  # a train-step compile (~20 s on two cores); the block's gradient is checked in the normal tier
 def test_lsra_trains_on_packed_rows():
   config = micro("configs/lite.py:tiny", batch_size=4, seq_len=32)
   build.validate(config)

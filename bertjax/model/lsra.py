@@ -80,18 +80,24 @@ def conv_unfolded(u, w, groups, pad: int):
   return jnp.einsum("bshrk,bshk->bshr", windows, w).reshape(b, s, ch)
 
 
+def band_matrices(w, pad: int):
+  """w [..., T, K] (each step's taps) -> [..., T, T] with band[t, s] = w[t, s - t + pad] where 0 <= s - t + pad < K,
+  else 0: the reference's strided copy of the taps into [T, T + K - 1] rows, done by padding each step's taps with
+  T zeros and reading the flat array in rows one shorter (reshapes and slices: no gather, a cheap gradient)."""
+  *lead, t, k = w.shape
+  flat = jnp.pad(w, [(0, 0)] * len(lead) + [(0, 0), (0, t)]).reshape(*lead, t * (t + k))
+  return flat[..., :t * (t + k - 1)].reshape(*lead, t, t + k - 1)[..., pad:pad + t]
+
+
 def conv_band(u, w, groups, pad: int):
-  """The same convolution as band matrices, one [S, S] per row and head (the reference's `_forward_expanded`):
-  band[t, s] = w[t, s - t + pad] inside the kernel and t's group, 0 elsewhere."""
+  """The same convolution as band matrices, one [S, S] per row and head (the reference's `_forward_expanded`),
+  with the entries outside t's group zeroed."""
   b, s, ch = u.shape
-  heads, taps = w.shape[2:]
-  offset = jnp.arange(s)[None, :] - jnp.arange(s)[:, None] + pad  # [t, s]: the tap that reads s from t
-  inside = (offset >= 0) & (offset < taps)
-  index = jnp.broadcast_to(jnp.clip(offset, 0, taps - 1)[None, :, None, :], (b, s, heads, s))
-  band = jnp.take_along_axis(w, index, axis=-1)  # [B, T, H, S]
-  allowed = inside & (groups[:, :, None] == groups[:, None, :]) & (groups[:, None, :] > 0)  # [B, T, S]
-  band = jnp.where(allowed[:, :, None], band, 0).astype(u.dtype)
-  return jnp.einsum("bths,bshr->bthr", band, u.reshape(b, s, heads, ch // heads)).reshape(b, s, ch)
+  heads = w.shape[2]
+  band = band_matrices(jnp.moveaxis(w, 2, 1), pad)  # [B, H, T, S]
+  allowed = (groups[:, :, None] == groups[:, None, :]) & (groups[:, None, :] > 0)  # [B, T, S]
+  band = jnp.where(allowed[:, None], band, 0).astype(u.dtype)
+  return jnp.einsum("bhts,bshr->bthr", band, u.reshape(b, s, heads, ch // heads)).reshape(b, s, ch)
 
 
 def convolve(u, w, groups, pad: int):
