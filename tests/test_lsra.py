@@ -165,6 +165,8 @@ def test_flops_count_both_branches():
 
 
 def test_config_checks_are_one_line_with_the_fix():
+  for variant in ("tiny", "embed496", "embed160"):
+    build.validate(load_config(f"configs/lite.py:{variant}"))
   good = micro("configs/lite.py:tiny")
   build.validate(good)
   for key, value, match in (("model.attention", "cudnn", "attention=xla"), ("model.position", "rope", "learned"),
