@@ -106,7 +106,12 @@ def defaults() -> ml_collections.ConfigDict:
       attention="auto",
       head_size=0,  # width of one attention head; 0: hidden_size / num_heads (a head-pruned model sets it)
       # Kinds of the encoder's parts (bertjax.model.kinds; docs/layout.md adds one); these defaults are BERT's.
-      attention_kind="mha",  # mha (multi-head dot-product, global or local per layer) | a registered kind
+      attention_kind="mha",  # mha (multi-head dot-product, global or local per layer) | lsra | a registered kind
+      # Long-short range attention (attention_kind=lsra, Lite Transformer; bertjax.model.lsra, docs/models.md).
+      lsra_kernel_sizes="",  # convolution kernel per layer, "3,7,15,31,31,31" (one value: all); "": 3,7,15 then 31
+      lsra_conv="dynamic",  # dynamic (kernels predicted per position) | lightweight (one softmaxed kernel per head)
+      lsra_glu=True,  # GLU after the convolution branch's input Linear (the reference's encoder_glu)
+      lsra_weight_dropout=-1.0,  # DropConnect on the convolution kernels; < 0: model.attention_dropout
       # ModernBERT-class encoders (docs/modernbert.md).
       position="learned",  # learned (absolute table) | rope (rotary positions from position_ids, no table)
       rope_theta=160_000.0,  # RoPE base of global-attention layers

@@ -4,7 +4,7 @@ import jax
 
 from bertjax.core import config as config_lib
 from bertjax.core.config import check, DTYPES
-from bertjax.model import attention as attention_lib, kinds, layer_kinds  # noqa: F401  (the built-in kinds)
+from bertjax.model import attention as attention_lib, kinds, layer_kinds, lsra  # noqa: F401  (the built-in kinds)
 from bertjax.model.hparams import EncoderConfig, REMAT_POLICIES, SHARING_MODES
 from bertjax.model.layers import ACTIVATIONS, DENSE_GRADS
 
@@ -31,6 +31,8 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       bottleneck_qk_shared=m.bottleneck_qk_shared, bottleneck_attention=m.bottleneck_attention, num_ffn=m.num_ffn,
       trigram_input=m.trigram_input, embedding_transformation=m.embedding_transformation,
       mlm_extra_output=m.mlm_extra_output, pooler_activation=m.pooler_activation,
+      lsra_kernel_sizes=lsra.parse_kernel_sizes(m.lsra_kernel_sizes),
+      lsra_conv=m.lsra_conv, lsra_glu=m.lsra_glu, lsra_weight_dropout=m.lsra_weight_dropout,
       dense_grad=dense_grad(m.get("dense_grad", "xla"), platform or jax.default_backend()))
 
 

@@ -86,6 +86,11 @@ class EncoderConfig:
   # How a dense layer's weight gradient is computed: "xla" (autodiff: x^T @ dy with x transposed in the
   # dot, which XLA:CPU's YNNPACK rejects and leaves to Eigen) | "transposed" (`matmul_pretransposed`).
   dense_grad: str = "xla"
+  # The Lite Transformer's long-short range attention (attention_kind="lsra", bertjax.model.lsra); read by no other kind.
+  lsra_kernel_sizes: tuple = ()  # per layer (one value: every layer); empty: the reference's 3, 7, 15, 31, ...
+  lsra_conv: str = "dynamic"  # dynamic (a kernel per position from the input) | lightweight (a kernel per head)
+  lsra_glu: bool = True  # the convolution branch's input Linear doubles its width and gates it (GLU)
+  lsra_weight_dropout: float = -1.0  # DropConnect rate of the convolution kernels; < 0: attention_dropout
   # MobileBERT-class options (docs/models.md, MobileBERT); the defaults are BERT's and change nothing.
   layer: str = "bert"  # the layer kind (bertjax.model.layer_kinds): bert | mobilebert (bottleneck block)
   bottleneck_size: int = 0  # mobilebert: the intra-bottleneck width (HF intra_bottleneck_size)

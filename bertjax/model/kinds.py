@@ -6,7 +6,7 @@ the config checks ask the kind, and never test its name. Which config key select
 
 | family      | EncoderConfig / model key | built-in kinds (module)                         |
 |-------------|---------------------------|-------------------------------------------------|
-| `attention` | `attention_kind`          | `mha` (bertjax.model.mha)                       |
+| `attention` | `attention_kind`          | `mha` (bertjax.model.mha), `lsra` (.lsra)       |
 | `position`  | `position`                | `learned`, `rope` (bertjax.model.positions)     |
 | `norm`      | `norm`                    | `post`, `pre` (bertjax.model.norms)             |
 | `ffn`       | `ffn`                     | `mlp`, `geglu` (bertjax.model.ffn)              |

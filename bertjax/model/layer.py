@@ -2,7 +2,7 @@
 the norm kind between them; and ALBERT's cross-layer sharing (blocks a group of layers shares come in as
 parameters stacked per group).
 
-Importing this module registers the built-in kinds (bertjax.model.mha, ffn, norms, positions).
+Importing this module registers the built-in kinds (bertjax.model.mha, lsra, ffn, norms, positions).
 """
 
 import dataclasses
@@ -13,7 +13,7 @@ from flax import linen as nn
 
 from bertjax.core import sharding as sh
 from bertjax.model import ffn as ffn_lib
-from bertjax.model import kinds, mha, norms, positions as position_kinds  # noqa: F401  (built-in kinds register on import)
+from bertjax.model import kinds, lsra, mha, norms, positions as position_kinds  # noqa: F401  (built-in kinds register on import)
 from bertjax.model.hparams import EncoderConfig
 from bertjax.model.layers import Block, rows_at
 

@@ -34,41 +34,49 @@ class MultiHeadAttention(Block):
     of this layer (bertjax.compress.prune). `positions`: the position kind's tables for the encoder. `layer_index`:
     this layer's index (traced inside the layer scan). `at`: optional [B, K] positions, the only queries computed
     (xla implementation): the output is [B, K, E], keys and values still come from every position."""
-    c = self.cfg
-    local = layer_is_local(c, layer_index)
-    position = kinds.of(c, "position")
-    proj = lambda n: dense(c, c.hidden_size, (c.num_heads, c.head_dim), (sh.EMBED, sh.HEADS, sh.KV), n, c.use_bias)
-    xq = x if at is None else rows_at(x, at)
-    q, k, v = proj("query")(xq), proj("key")(x), proj("value")(x)
-    q, k = position.rotate(q, k, position.for_layer(positions, local), at)
-    if c.attention == "xla":
-      if local is not False:  # keys further than the half window away are masked on local layers
-        mask = mask + attention_lib.window_bias(x.shape[1], c.half_window, local)
-      if at is not None:  # the queries' rows of the [B, 1, S, S] bias
-        mask = jnp.take_along_axis(mask, at[:, None, :, None], axis=2)
-      # Scores, mask and softmax in float32: bf16 softmax loses the small probabilities.
-      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-      probs = jax.nn.softmax(scores * c.head_dim**-0.5 + mask, axis=-1)
-      # Kept only when the caller asks for the "intermediates" collection (inference's attention maps);
-      # otherwise sow does nothing.
-      self.sow("intermediates", "attention_probs", probs)
-      probs = token_dropout(c, c.attention_dropout, (2, 3))(probs, deterministic=self.deterministic)
-      ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
-    else:  # a fused kernel: no [B, H, S, S] array, no attention dropout (config validation sees to it)
-      assert at is None, "query positions need the xla implementation (Encoder falls back to every position)"
-      ctx = attention_lib.fused(c.attention, q, k, v, mask, c.head_dim**-0.5, local=local,
-                                half_window=c.half_window).astype(c.dtype)
-    if head_gates is not None:  # 0 removes a head exactly (its context never reaches the output projection)
-      ctx = ctx * head_gates.astype(ctx.dtype)[:, None]
-    out = dense(c, (c.num_heads, c.head_dim), c.hidden_size, (sh.HEADS, sh.KV, sh.EMBED), "output", c.use_bias,
-                out=True)(ctx)
-    out = token_dropout(c, c.dropout)(out, deterministic=self.deterministic)
-    return kinds.of(c, "norm").attention_output(c, xq, out)
+    xq, out = multi_head(self, self.cfg, x, mask, head_gates, positions, layer_index, at)
+    return kinds.of(self.cfg, "norm").attention_output(self.cfg, xq, out)
 
   @staticmethod
   def init_args(c, x):
     """Arguments that initialize the block alone (ALBERT's shared blocks): an all-zero bias."""
     return (x, jnp.zeros((1, 1, 1, 1), jnp.float32))
+
+
+def multi_head(module, c, x, mask, head_gates=None, positions=None, layer_index=0, at=None):
+  """Multi-head attention of `x` [B, S, c.hidden_size] as `MultiHeadAttention` computes it, up to its output
+  projection and dropout, with its parameters (query, key, value, output) made in the calling module's scope.
+  Returns (the residual input at the computed rows, the block's output before residual and norm). The arguments are
+  MultiHeadAttention's; `c` is the width the heads see (bertjax.model.lsra runs it on half the channels)."""
+  local = layer_is_local(c, layer_index)
+  position = kinds.of(c, "position")
+  proj = lambda n: dense(c, c.hidden_size, (c.num_heads, c.head_dim), (sh.EMBED, sh.HEADS, sh.KV), n, c.use_bias)
+  xq = x if at is None else rows_at(x, at)
+  q, k, v = proj("query")(xq), proj("key")(x), proj("value")(x)
+  q, k = position.rotate(q, k, position.for_layer(positions, local), at)
+  if c.attention == "xla":
+    if local is not False:  # keys further than the half window away are masked on local layers
+      mask = mask + attention_lib.window_bias(x.shape[1], c.half_window, local)
+    if at is not None:  # the queries' rows of the [B, 1, S, S] bias
+      mask = jnp.take_along_axis(mask, at[:, None, :, None], axis=2)
+    # Scores, mask and softmax in float32: bf16 softmax loses the small probabilities.
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(scores * c.head_dim**-0.5 + mask, axis=-1)
+    # Kept only when the caller asks for the "intermediates" collection (inference's attention maps);
+    # otherwise sow does nothing.
+    module.sow("intermediates", "attention_probs", probs)
+    probs = token_dropout(c, c.attention_dropout, (2, 3))(probs, deterministic=module.deterministic)
+    ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
+  else:  # a fused kernel: no [B, H, S, S] array, no attention dropout (config validation sees to it)
+    assert at is None, "query positions need the xla implementation (Encoder falls back to every position)"
+    ctx = attention_lib.fused(c.attention, q, k, v, mask, c.head_dim**-0.5, local=local,
+                              half_window=c.half_window).astype(c.dtype)
+  if head_gates is not None:  # 0 removes a head exactly (its context never reaches the output projection)
+    ctx = ctx * head_gates.astype(ctx.dtype)[:, None]
+  out = dense(c, (c.num_heads, c.head_dim), c.hidden_size, (sh.HEADS, sh.KV, sh.EMBED), "output", c.use_bias,
+              out=True)(ctx)
+  out = token_dropout(c, c.dropout)(out, deterministic=module.deterministic)
+  return xq, out
 
 
 def layer_is_local(c, layer_index):
