@@ -20,6 +20,7 @@ from bertjax.model.ffn import FFNKind
 from bertjax.model.layers import dense
 from bertjax.train import build
 from conftest import micro
+from test_step import _batch
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "bertjax"
 
@@ -40,17 +41,6 @@ class SquaredReLU(FFNKind):
   def check(self, m):
     if m.intermediate_size < m.hidden_size:
       raise UserError("model.ffn=toy_relu2 wants model.intermediate_size >= model.hidden_size")
-
-
-def _batch(config, seed=0):
-  rng = np.random.default_rng(seed)
-  b, s = config.batch_size, config.seq_len
-  ids = rng.integers(5, config.model.vocab_size, (b, s)).astype(np.int32)
-  ids[:, 0], ids[:, s // 2], ids[:, -1] = 2, 3, 3
-  types = np.zeros((b, s), np.int32)
-  types[:, s // 2 + 1:] = 1
-  return dict(input_ids=ids, type_ids=types, word_start=rng.random((b, s)) < 0.7, groups=np.ones((b, s), np.int32),
-              sentence_label=rng.integers(0, 2, b).astype(np.int32), example_weight=np.ones(b, np.float32))
 
 
 def test_a_kind_registered_outside_the_package_trains_and_is_counted():

@@ -105,6 +105,15 @@ def write_jsonl(records: list, out) -> None:
     out.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
+def write_records(directory: str, records: list) -> list:
+  """predictions.jsonl (the records) in `directory`, a family's own output where it has no file of its own;
+  returns [its path]."""
+  path = os.path.join(directory, "predictions.jsonl")
+  with open(path, "w", encoding="utf-8") as f:
+    write_jsonl(records, f)
+  return [path]
+
+
 def run(args) -> list:
   """Reads the input (before the model is loaded: a bad file fails in seconds), loads the model, predicts,
   writes, exports; returns the JSONL records."""

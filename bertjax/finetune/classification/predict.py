@@ -2,7 +2,6 @@
 texts and text pairs from a GLUE-layout TSV (the fine-tuning run's columns), a file of one example a line
 (TAB between a pair's texts) or --text / --text_b."""
 
-import os
 
 import ml_collections
 import numpy as np
@@ -73,7 +72,4 @@ def records(result: dict) -> list:
 
 def write(directory: str, result: dict) -> list:
   """predictions.jsonl (the records) in `directory`; returns its path."""
-  path = os.path.join(directory, "predictions.jsonl")
-  with open(path, "w", encoding="utf-8") as f:
-    cli.write_jsonl(records(result), f)
-  return [path]
+  return cli.write_records(directory, records(result))

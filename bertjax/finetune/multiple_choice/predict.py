@@ -1,7 +1,6 @@
 """The multiple-choice family's part of `python -m bertjax.finetune.predict`: the chosen answer of each example
 of a JSONL file ({"context", "question", "choices"}, one a line; labels not needed) or of SWAG's CSV (.csv)."""
 
-import os
 
 import numpy as np
 
@@ -44,7 +43,4 @@ def records(result: dict) -> list:
 
 def write(directory: str, result: dict) -> list:
   """predictions.jsonl (the records) in `directory`; returns its path."""
-  path = os.path.join(directory, "predictions.jsonl")
-  with open(path, "w", encoding="utf-8") as f:
-    cli.write_jsonl(records(result), f)
-  return [path]
+  return cli.write_records(directory, records(result))
