@@ -8,7 +8,7 @@ the config checks ask the kind, and never test its name. Which config key select
 |-------------|---------------------------|-------------------------------------------------|
 | `attention` | `attention_kind`          | `mha` (bertjax.model.mha), `lsra` (.lsra)       |
 | `position`  | `position`                | `learned`, `rope` (bertjax.model.positions)     |
-| `norm`      | `norm`                    | `post`, `pre` (bertjax.model.norms)             |
+| `norm`      | `norm`                    | `post`, `pre` (bertjax.model.norms), `nonorm` (.nonorm) |
 | `ffn`       | `ffn`                     | `mlp`, `geglu` (bertjax.model.ffn)              |
 | `layer`     | `layer`                   | `bert`, `mobilebert` (bertjax.model.layer_kinds) |
 
