@@ -121,6 +121,13 @@ def defaults() -> ml_collections.ConfigDict:
       # Dense weight gradients: xla (autodiff) | transposed (x^T materialized first, so XLA:CPU's YNNPACK takes
       # them; bertjax.model.layers.matmul_pretransposed). Same gradients; a CPU speed switch (docs/cpu.md).
       dense_grad="xla",
+      # Tree Transformer (attention_kind=constituent; docs/models.md): the neighbour scores' divisor (256: the
+      # authors' code, whatever the width; 0: the hidden width), and whether C x softmax rows are renormalized.
+      constituent_scale=256.0,
+      constituent_renormalize=False,  # False: the code's unnormalized rows; True: rows sum to 1
+      # Complex-order embeddings (position=complex_order): descending (the code: S-1 .. 0 along the row) |
+      # ascending (the paper: the token's position, restarting per packed example).
+      complex_positions="descending",
   )
   # Objectives: name -> weight; 0 switches one off.
   c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0, wklm=0.0)

@@ -15,6 +15,7 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
   f = m.generator_fraction if generator else 1.0
   impl, _ = attention_lib.resolve(m.attention, m.attention_dropout, platform or jax.default_backend(), m.dtype,
                                   strict=False)
+  impl = impl if kinds.get("attention", m.attention_kind).fused else "xla"  # a kind no fused kernel can run
   hidden = int(m.hidden_size * f)
   return EncoderConfig(
       vocab_size=m.vocab_size, hidden_size=hidden, num_layers=m.num_layers,
@@ -27,7 +28,9 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       activation=m.activation, position_offset=m.position_offset, attention=impl, head_size=m.head_size,
       position=m.position, rope_theta=m.rope_theta, local_rope_theta=m.local_rope_theta, ffn=m.ffn, norm=m.norm,
       use_bias=m.use_bias, local_layers=local_layers(m), local_window=m.local_window, init=m.init,
-      attention_kind=m.attention_kind,
+      attention_kind=m.attention_kind, constituent_scale=m.get("constituent_scale", 256.0),
+      constituent_renormalize=m.get("constituent_renormalize", False),
+      complex_positions=m.get("complex_positions", "descending"),
       dense_grad=dense_grad(m.get("dense_grad", "xla"), platform or jax.default_backend()))
 
 

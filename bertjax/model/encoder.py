@@ -41,7 +41,7 @@ class Encoder(Block):
     if REMAT_POLICIES[c.remat] is not None or c.remat == "full":
       layer = nn.remat(Layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
     norm = kinds.of(c, "norm")
-    carry = norm.start(x)
+    carry = (norm.start(x), kinds.of(c, "attention").start(c, x))  # the layers' carry (bertjax.model.layer.Layer)
     mask = kinds.of(c, "attention").mask(c, groups)
     if outputs_at is not None and self.last_layer_at():
       out = self.split_stack(layer, carry, mask, shared, head_gates, positions, outputs_at)
@@ -49,8 +49,8 @@ class Encoder(Block):
       out, _ = scan_layers(layer, c, c.num_layers)(c, self.deterministic, name="layers")(
           carry, jnp.arange(c.num_layers), mask, shared, head_gates, positions)
       if outputs_at is not None:
-        out = jax.tree.map(lambda h: rows_at(h, outputs_at), out)
-    return norm.output(out)
+        out = jax.tree.map(lambda h: rows_at(h, outputs_at), out[0]), None
+    return norm.output(out[0])
 
   def last_layer_at(self) -> bool:
     """Whether the last layer can compute only the wanted positions: with the xla attention of a kind that can,
