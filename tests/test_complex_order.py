@@ -65,3 +65,36 @@ def test_config_checks():
   c.model.position, c.model.complex_positions = "complex_order", "sideways"
   with pytest.raises(UserError, match="model.complex_positions='sideways'; use one of descending, ascending"):
     model_config.validate(c)
+
+
+def test_modulus_attention_of_two_tokens_is_the_unconjugated_product():
+  # Two tokens, one head of width 2: Q = [[1+2i, 0+1i], [2+0i, 1-1i]], K = [[1+0i, 1+1i], [0+1i, 2+0i]].
+  q = np.array([[1 + 2j, 1j], [2, 1 - 1j]])
+  k = np.array([[1, 1 + 1j], [1j, 2]])
+  want = np.abs(q @ k.T)  # no conjugate: q . k, not q . conj(k)
+  assert not np.allclose(want, np.abs(q @ k.conj().T))
+  part = lambda z: jnp.asarray(z, jnp.float32)[None, :, None, :]
+  got = np.asarray(complex_order.modulus_scores(part(q.real), part(q.imag), part(k.real), part(k.imag)))[0, 0]
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  # By hand: q0.k0 = (1+2i) + i(1+i) = 3i, q0.k1 = (1+2i)i + 2i = -2+3i, q1.k0 = 2 + (1-i)(1+i) = 4, q1.k1 = 2i + 2(1-i) = 2.
+  np.testing.assert_allclose(got, [[3, np.sqrt(13)], [4, 2]], rtol=1e-6)
+
+
+def test_complex_attention_encoder_trains_and_refuses_fused_kernels():
+  from bertjax.core.config import defaults
+  from bertjax.model import config as model_config
+  from bertjax.model.encoder import Encoder
+
+  cfg = dataclasses.replace(CFG, attention_kind="complex_order", num_layers=1, dropout=0.0, attention_dropout=0.0)
+  x, groups = jax.random.normal(jax.random.key(0), (2, 5, 8)), jnp.array([[1] * 5, [1] * 3 + [0] * 2])
+  params = Encoder(cfg).init(jax.random.key(1), x, groups)
+  assert params["params"]["layers"]["attention"]["query"]["kernel"].value.shape == (1, 4, 2, 2)  # half width in
+  loss = lambda p: jnp.sum(Encoder(cfg).apply(p, x, groups)[:, :3] ** 2)
+  grads = jax.grad(loss)(params)
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+  assert float(jnp.abs(grads["params"]["layers"]["attention"]["query"]["kernel"].value).sum()) > 0
+  c = defaults()
+  c.model.attention_kind, c.model.attention, c.model.attention_dropout, c.model.dtype = \
+      "complex_order", "splash", 0.0, "bfloat16"
+  with pytest.raises(UserError, match="complex_order takes the modulus.*use --config.model.attention=xla"):
+    model_config.validate(c)
