@@ -8,9 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 from bertjax.compress import trees
 from bertjax.core.errors import UserError
+from bertjax.data.tokenizer import SpecialIds
 from bertjax.model import constituent
 from bertjax.model.encoder import Encoder
 from bertjax.model.hparams import EncoderConfig
@@ -138,3 +140,39 @@ def test_parse_follows_the_reference_procedure():
   # Every link above the threshold at the lowest layer read: one flat constituent.
   assert trees.bracketed(trees.parse(np.full((3, 5), 0.9), leaves)) == "(the cat sat on the mat)"
   assert trees.bracketed(trees.parse(np.zeros((1, 0)), ["word"])) == "(word)"
+
+
+class _WordTokenizer:
+  """Whitespace words as ids 5.. (enough of bertjax's Tokenizer for encode_example and the leaves)."""
+
+  special = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
+
+  def __init__(self, words):
+    self.ids = {w: i + 5 for i, w in enumerate(words)}
+    self.words = {i: w for w, i in self.ids.items()}
+
+  def encode(self, text):
+    return (np.array([self.ids[w] for w in text.split()]),)
+
+  def id_to_token(self, i):
+    return self.words[i]
+
+
+def test_trees_prints_one_bracketed_tree_per_sentence_of_its_own_words():
+  from bertjax.core.config import defaults
+  from bertjax.hf.inference import Loaded
+  from bertjax.train import build
+
+  c = defaults()
+  m = c.model
+  m.vocab_size, m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size = 32, 16, 3, 2, 32
+  m.attention_kind, m.attention, m.max_positions = "constituent", "xla", 32
+  sentences = ["the cat sat on the mat", "dogs bark", "a b c d e f g"]
+  tok = _WordTokenizer(sorted({w for s in sentences for w in s.split()}))
+  ids = jnp.ones((1, 4), jnp.int32)
+  params = nn.unbox(build.make_model(c).init(jax.random.key(0), ids, ids, ids, method="encode"))["params"]
+  lines = trees.trees(Loaded(c, params, tok), sentences, batch_size=2)
+  assert len(lines) == 3
+  for line, sentence in zip(lines, sentences):
+    assert line.startswith("(") and line.count("(") == line.count(")")
+    assert line.replace("(", " ").replace(")", " ").split() == sentence.split()
