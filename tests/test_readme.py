@@ -35,6 +35,9 @@ OVERRIDES = {
     # The toy CoNLL file (task_data) is 150 sentences: a SentencePiece vocabulary that small text can fill.
     ("bertjax.train", None, "configs/ernie.py:tiny"): ({}, SHORT_RUN + ("--config.model.vocab_size=400",)),
     ("bertjax.train", None, "configs/wklm.py:tiny"): ({}, SHORT_RUN + ("--config.model.vocab_size=400",)),
+    ("bertjax.train", None, "configs/tree.py:tiny"): ({}, SHORT_RUN),
+    ("bertjax.compress.trees", None, None): ({}, ()),
+    ("bertjax.train", None, "configs/complex_order.py:tiny"): ({}, SHORT_RUN),
     ("bertjax.summary", None, "configs/modernbert.py:base"): ({}, ()),
     # ModernBERT-base for a v4-32 compiles for about 17 minutes here: the same command for the tiny preset on a v4-8.
     ("bertjax.aot", None, "configs/modernbert.py:base"): (

@@ -136,6 +136,13 @@ def defaults() -> ml_collections.ConfigDict:
       embedding_transformation=False,  # embeddings: E (3E) -> H before H-wide position/type tables and the norm
       mlm_extra_output=False,  # MLM head: H -> H transform, decoder [word embeddings^T; extra output weights]
       pooler_activation=True,  # sentence head: tanh pooler over [CLS]; False: [CLS]'s state (HF classifier_activation)
+      # Tree Transformer (attention_kind=constituent; docs/models.md): the neighbour scores' divisor (256: the
+      # authors' code, whatever the width; 0: the hidden width), and whether C x softmax rows are renormalized.
+      constituent_scale=256.0,
+      constituent_renormalize=False,  # False: the code's unnormalized rows; True: rows sum to 1
+      # Complex-order embeddings (position=complex_order): descending (the code: S-1 .. 0 along the row) |
+      # ascending (the paper: the token's position, restarting per packed example).
+      complex_positions="descending",
   )
   # Objectives: name -> weight; 0 switches one off.
   c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0, wklm=0.0)

@@ -81,6 +81,14 @@ def attention_probs(config, params, input_ids, type_ids, groups=None) -> np.ndar
   return np.asarray(sown_by_layers(sown, "attention_probs"))
 
 
+def layer_values(config, params, input_ids, type_ids, key: str, groups=None) -> np.ndarray:
+  """[layers, B, ...]: what every layer of the main encoder sows under `key` in the forward pass (an attention
+  kind's own, such as the constituent kind's `break_probs`), for inputs padded as `attention_probs` takes them."""
+  more = () if groups is None else (groups,)
+  _, sown = _apply(config, _encode_fn, params, input_ids, type_ids, ("intermediates",), *more)
+  return np.asarray(sown_by_layers(sown, key))
+
+
 def _tokenized(loaded: Loaded, text: str, pair: str | None = None) -> tuple[list, list]:
   if loaded.tokenizer is None:
     raise UserError("this checkpoint has no tokenizer files (tokenizer.json, vocab.txt or spiece.model)")

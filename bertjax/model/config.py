@@ -15,6 +15,7 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
   f = m.generator_fraction if generator else 1.0
   impl, _ = attention_lib.resolve(m.attention, m.attention_dropout, platform or jax.default_backend(), m.dtype,
                                   strict=False)
+  impl = impl if kinds.get("attention", m.attention_kind).fused else "xla"  # a kind no fused kernel can run
   hidden = int(m.hidden_size * f)
   return EncoderConfig(
       vocab_size=m.vocab_size, hidden_size=hidden, num_layers=m.num_layers,
@@ -33,6 +34,9 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       mlm_extra_output=m.mlm_extra_output, pooler_activation=m.pooler_activation,
       lsra_kernel_sizes=lsra.parse_kernel_sizes(m.lsra_kernel_sizes),
       lsra_conv=m.lsra_conv, lsra_glu=m.lsra_glu, lsra_weight_dropout=m.lsra_weight_dropout,
+      constituent_scale=m.constituent_scale,
+      constituent_renormalize=m.constituent_renormalize,
+      complex_positions=m.complex_positions,
       dense_grad=dense_grad(m.get("dense_grad", "xla"), platform or jax.default_backend()))
 
 

@@ -44,8 +44,8 @@ class Embeddings(nn.Module):
       x = trigram.trigram(x, groups)
     if self.cfg.embedding_transformation:
       x = self.transformation(x)
-    pos = kinds.of(self.cfg, "position").embed(self.cfg, position, input_ids.shape[1], position_ids)
-    x = x + pos + (jnp.take(type_table, type_ids, axis=0) if self.cfg.type_vocab_size else 0)
+    x = kinds.of(self.cfg, "position").add(self.cfg, position, x, input_ids, position_ids)
+    x = x + (jnp.take(type_table, type_ids, axis=0) if self.cfg.type_vocab_size else 0)
     x = self.drop(self.ln(x), deterministic=deterministic)
     return x.astype(self.cfg.dtype)
 

@@ -41,8 +41,8 @@ class Encoder(Block):
       out, _ = scan_layers(layer, c, c.num_layers)(c, self.deterministic, name="layers")(
           carry, jnp.arange(c.num_layers), mask, shared, head_gates, positions)
       if outputs_at is not None:
-        out = jax.tree.map(lambda h: rows_at(h, outputs_at), out)
-    return kinds.of(c, "norm").output(out)
+        out = jax.tree.map(lambda h: rows_at(h, outputs_at), out[0]), None
+    return kinds.of(c, "norm").output(out[0])
 
   def start(self, x, groups, position_ids=None):
     """What the layers start from, in the encoder's scope: the scan's first carry (the norm kind's, after the E->H
@@ -53,7 +53,9 @@ class Encoder(Block):
       x = dense(c, c.embedding_size, c.hidden_size, (None, sh.EMBED), "embedding_projection")(x)
     shared = {name: self.param(name, stacked_init(c, name, c.num_groups)) for name in shared_blocks(c.sharing)}
     positions = kinds.of(c, "position").layer_tables(c, position_ids, x.shape[:2])
-    return kinds.of(c, "norm").start(x), kinds.of(c, "attention").mask(c, groups), shared, positions
+    attention = kinds.of(c, "attention")
+    carry = (kinds.of(c, "norm").start(x), attention.start(c, x))  # the norm kind's, and the attention kind's state
+    return carry, attention.mask(c, groups), shared, positions
 
   def last_layer_at(self) -> bool:
     """Whether the last layer can compute only the wanted positions: with the xla attention of a kind that can,

@@ -86,6 +86,10 @@ class EncoderConfig:
   # How a dense layer's weight gradient is computed: "xla" (autodiff: x^T @ dy with x transposed in the
   # dot, which XLA:CPU's YNNPACK rejects and leaves to Eigen) | "transposed" (`matmul_pretransposed`).
   dense_grad: str = "xla"
+  # Tree Transformer (bertjax.model.constituent): neighbour-score divisor (0: hidden_size), renormalized rows.
+  constituent_scale: float = 256.0
+  constituent_renormalize: bool = False
+  complex_positions: str = "descending"  # complex-order embeddings (bertjax.model.complex_order)
   # The Lite Transformer's long-short range attention (attention_kind="lsra", bertjax.model.lsra); read by no other kind.
   lsra_kernel_sizes: tuple = ()  # per layer (one value: every layer); empty: the reference's 3, 7, 15, 31, ...
   lsra_conv: str = "dynamic"  # dynamic (a kernel per position from the input) | lightweight (a kernel per head)

@@ -2,7 +2,8 @@
 the norm kind between them; and ALBERT's cross-layer sharing (blocks a group of layers shares come in as
 parameters stacked per group).
 
-Importing this module registers the built-in kinds (bertjax.model.mha, lsra, ffn, norms, positions).
+Importing this module registers the built-in kinds (bertjax.model.mha, lsra, ffn, norms, positions, constituent,
+complex_order).
 """
 
 import dataclasses
@@ -14,6 +15,7 @@ from flax import linen as nn
 from bertjax.core import sharding as sh
 from bertjax.model import ffn as ffn_lib
 from bertjax.model import kinds, lsra, mha, norms, positions as position_kinds  # noqa: F401  (built-in kinds register on import)
+from bertjax.model import complex_order, constituent  # noqa: F401  (ICLR-2020 variants: docs/models.md)
 from bertjax.model.hparams import EncoderConfig
 from bertjax.model.layers import Block, rows_at
 
@@ -38,7 +40,9 @@ def shared_blocks(sharing: str) -> tuple[str, ...]:
 
 class Layer(Block):
   """One transformer layer; blocks it does not own come in as `shared` parameters (ALBERT sharing). The scan's
-  carry is the norm kind's (post: the stream; pre: the stream and its norm)."""
+  carry is (the norm kind's carry, the attention kind's state): post carries the stream, pre the stream and its
+  norm; the state is None unless the attention kind carries one up the stack (`MHA.start`: the Tree
+  Transformer's break probabilities), which the attention block then takes last and hands on."""
 
   @nn.compact
   def __call__(self, carry, layer_index, mask, shared, head_gates=None, positions=None, at=None):
@@ -47,19 +51,23 @@ class Layer(Block):
     last layer when only they are wanted)."""
     c = self.cfg
     norm = kinds.of(c, "norm")
+    carry, state = carry
     x = norm.stream(carry)
     group = layer_index * c.num_groups // c.num_layers  # ALBERT: consecutive layers form a group
     for name in BLOCK_NAMES:
       if name == "attention":
         args = (norm.attention_input(carry), mask, head_gates, positions, layer_index, at)
+        args += () if state is None else (state,)
       else:
         args = (x,)
       y = self._block(name, shared, group, args)
+      if name == "attention" and state is not None:
+        y, state = y
       x = norm.add_attention(x if at is None else rows_at(x, at), y) if name == "attention" else y
     constrain = lambda h: nn.with_logical_constraint(h, (sh.BATCH, sh.LENGTH, sh.ACT_EMBED))
     x = constrain(x)
     self.sow("intermediates", "hidden", x)  # kept only when asked for (distillation's layer losses)
-    return norm.finish(c, x, constrain), None
+    return (norm.finish(c, x, constrain), state), None
 
   def _block(self, name, shared, group, args):
     """Runs block `name`: this layer's own, or the group's shared parameters (passing on what it sows)."""

@@ -34,7 +34,13 @@ class MultiHeadAttention(Block):
     of this layer (bertjax.compress.prune). `positions`: the position kind's tables for the encoder. `layer_index`:
     this layer's index (traced inside the layer scan). `at`: optional [B, K] positions, the only queries computed
     (xla implementation): the output is [B, K, E], keys and values still come from every position."""
-    xq, out = multi_head(self, self.cfg, x, mask, head_gates, positions, layer_index, at)
+    return self.attend(x, mask, head_gates, positions, layer_index, at)
+
+  def attend(self, x, mask, head_gates, positions, layer_index, at, weights=None):
+    """The block's computation, called inside a compact `__call__` (this one, or a kind's that subclasses it).
+    `weights`: optional [B, S, S] that multiplies every head's attention probabilities after the softmax (xla
+    implementation; the Tree Transformer's constituent prior, bertjax.model.constituent)."""
+    xq, out = multi_head(self, self.cfg, x, mask, head_gates, positions, layer_index, at, weights)
     return kinds.of(self.cfg, "norm").attention_output(self.cfg, xq, out)
 
   @staticmethod
@@ -43,11 +49,12 @@ class MultiHeadAttention(Block):
     return (x, jnp.zeros((1, 1, 1, 1), jnp.float32))
 
 
-def multi_head(module, c, x, mask, head_gates=None, positions=None, layer_index=0, at=None):
+def multi_head(module, c, x, mask, head_gates=None, positions=None, layer_index=0, at=None, weights=None):
   """Multi-head attention of `x` [B, S, c.hidden_size] as `MultiHeadAttention` computes it, up to its output
   projection and dropout, with its parameters (query, key, value, output) made in the calling module's scope.
   Returns (the residual input at the computed rows, the block's output before residual and norm). The arguments are
-  MultiHeadAttention's; `c` is the width the heads see (bertjax.model.lsra runs it on half the channels)."""
+  MultiHeadAttention's (`weights`: MultiHeadAttention.attend's); `c` is the width the heads see (bertjax.model.lsra
+  runs it on half the channels)."""
   local = layer_is_local(c, layer_index)
   position = kinds.of(c, "position")
   proj = lambda n: dense(c, c.hidden_size, (c.num_heads, c.head_dim), (sh.EMBED, sh.HEADS, sh.KV), n, c.use_bias)
@@ -62,6 +69,8 @@ def multi_head(module, c, x, mask, head_gates=None, positions=None, layer_index=
     # Scores, mask and softmax in float32: bf16 softmax loses the small probabilities.
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
     probs = jax.nn.softmax(scores * c.head_dim**-0.5 + mask, axis=-1)
+    if weights is not None:  # one [B, S, S] shared by every head, rows not renormalized
+      probs = probs * weights[:, None]
     # Kept only when the caller asks for the "intermediates" collection (inference's attention maps);
     # otherwise sow does nothing.
     module.sow("intermediates", "attention_probs", probs)
@@ -69,6 +78,7 @@ def multi_head(module, c, x, mask, head_gates=None, positions=None, layer_index=
     ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
   else:  # a fused kernel: no [B, H, S, S] array, no attention dropout (config validation sees to it)
     assert at is None, "query positions need the xla implementation (Encoder falls back to every position)"
+    assert weights is None, "probability weights need the xla implementation (the kind's check refuses others)"
     ctx = attention_lib.fused(c.attention, q, k, v, mask, c.head_dim**-0.5, local=local,
                               half_window=c.half_window).astype(c.dtype)
   if head_gates is not None:  # 0 removes a head exactly (its context never reaches the output projection)
@@ -112,6 +122,13 @@ class MHA(kinds.Kind):
 
   block = MultiHeadAttention
   computes_rows = True  # the xla implementation computes only the queries asked for (Encoder.split_stack)
+  fused = True  # the fused implementations can run it (False: model.attention=auto resolves to xla)
+
+  def start(self, c, x):
+    """The state this kind carries up the layer stack, from the encoder's input `x` [B, S, H]; None: none
+    (every built-in kind). A kind with state gets it as its block's last argument, and its block returns
+    (output, the state for the next layer); bertjax.model.layer threads it without asking which kind it is."""
+    return None
 
   def check(self, m):
     check(m.local_window >= 0 and m.global_every >= 1,

@@ -75,7 +75,7 @@ class MobileBertLayer(Block):
     """`at`: optional [B, K] positions, the only ones returned (this layer computes every position)."""
     c, inner = self.cfg, inner_config(self.cfg)
     norm = kinds.of(c, "norm")
-    x = carry
+    x, state = carry  # the norm kind's carry and the attention kind's state (mha's: None), handed on as it came
 
     def bottleneck(name):
       y = dense(c, c.hidden_size, c.bottleneck_size, (sh.EMBED, None), name)(x)
@@ -94,7 +94,7 @@ class MobileBertLayer(Block):
     out = norm.norm(c, "bottleneck_output_ln")(out + x).astype(c.dtype)
     out = nn.with_logical_constraint(out, (sh.BATCH, sh.LENGTH, sh.ACT_EMBED))
     self.sow("intermediates", "hidden", out)  # kept only when asked for (distillation's layer losses)
-    return (out if at is None else rows_at(out, at)), None
+    return ((out if at is None else rows_at(out, at)), state), None
 
 
 def check(m):

@@ -6,7 +6,7 @@
   (bertjax.model.rope, ModernBERT's global and local bases).
 
 A position kind answers three questions: the embedding table it owns (`table`, created in Embeddings' setup),
-what it adds to the embeddings (`embed`), and what the attention layers need (`layer_tables` once per forward
+what it adds to the embeddings (`embed`, through `add`), and what the attention layers need (`layer_tables` once per forward
 pass, `for_layer` per layer, `rotate` inside attention).
 """
 
@@ -28,6 +28,11 @@ class PositionKind(kinds.Kind):
   def embed(self, c, table, seq_len: int, position_ids):
     """What the embeddings add for positions ([1 or B, S, E], or 0)."""
     return 0
+
+  def add(self, c, table, x, input_ids, position_ids):
+    """The word embeddings `x` [B, S, E] of `input_ids` with positions entered: plus `embed` (every built-in
+    kind); a kind that enters them otherwise (bertjax.model.complex_order multiplies) overrides it."""
+    return x + self.embed(c, table, x.shape[1], position_ids)
 
   def layer_tables(self, c, position_ids, shape):
     """Per forward pass, what every attention layer reads (None: nothing); `shape` is the input's [B, S]."""

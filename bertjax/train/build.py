@@ -20,7 +20,7 @@ from bertjax.core import config as config_lib, sharding
 from bertjax.core.errors import UserError
 from bertjax.data import instances, prepare_lib
 from bertjax.data.tokenizer import SpecialIds
-from bertjax.model import attention as attention_lib, config as model_config
+from bertjax.model import attention as attention_lib, config as model_config, kinds
 from bertjax.model.pretrain import Pretrainer
 from bertjax.objectives import masking, wklm
 from bertjax.train import optim, step as step_lib
@@ -206,6 +206,8 @@ def attention_notice(config, mesh) -> str:
   UserError where the requested kernel cannot run there."""
   m = config.model
   impl, notice = attention_lib.resolve(m.attention, m.attention_dropout, mesh_platform(mesh), m.dtype)
+  if impl != "xla" and not kinds.get("attention", m.attention_kind).fused:
+    return f"model.attention={m.attention}: model.attention_kind={m.attention_kind} runs on xla attention only"
   return notice or f"attention: {impl}"
 
 

@@ -36,7 +36,7 @@ class HiddenLayer(Layer):
 
   def __call__(self, carry, layer_index, mask, shared, head_gates=None, positions=None):
     carry, _ = super().__call__(carry, layer_index, mask, shared, head_gates, positions)
-    h = kinds.of(self.cfg, "norm").output(carry)
+    h = kinds.of(self.cfg, "norm").output(carry[0])  # the carry: (the norm kind's, the attention kind's state)
     return carry, (h if self.keep_tokens else h[:, 0])
 
 
@@ -194,7 +194,7 @@ def exit_loop(model: EarlyExitClassifier, params: dict, input_ids, type_ids, gro
     j, carry, rule_carry, done, layer_at, chosen, depth = state
     slice_j = jax.tree.map(lambda p: jax.lax.dynamic_index_in_dim(p, j, keepdims=False), stacked)
     carry, _ = layer.apply({"params": slice_j}, carry, j, mask, shared, None, positions)
-    h = kinds.of(c, "norm").output(carry).astype(jnp.float32)
+    h = kinds.of(c, "norm").output(carry[0]).astype(jnp.float32)
     pj = layer_slice(exits, j)
     logits = head_logits(pj, head_features(method, pj, h if method in TOKEN_HEADS else h[:, 0], groups))
     if method == "depth":
