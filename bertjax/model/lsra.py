@@ -168,11 +168,12 @@ def weight_dropout(c) -> float:
 
 
 @kinds.register("attention", "lsra")
-class LSRA(kinds.Kind):
+class LSRA(mha.AttentionKind):
   """Long-short range attention: attention on half the channels, a convolution on the other half."""
 
   block = LongShortRangeAttention
   computes_rows = False  # the convolution reads each row's neighbours: no [CLS]-only last layer
+  fused = False  # its attention half runs the xla implementation
   hf_family = ""  # transformers has no Lite Transformer encoder
 
   def check(self, m):

@@ -116,19 +116,36 @@ def keys_per_query(seq_len: int, half_window: int) -> float:
   return float((np.minimum(q + half_window, seq_len - 1) - np.maximum(q - half_window, 0) + 1).mean())
 
 
-@kinds.register("attention", "mha")
-class MHA(kinds.Kind):
-  """Multi-head scaled dot-product self-attention, global or sliding-window per layer."""
+class AttentionKind(kinds.Kind):
+  """What an attention kind answers (its defaults: a kind with no state that computes every row and lets
+  model.attention pick any implementation). `block`: the flax module of a layer's attention, called as
+  MultiHeadAttention is; `mask(c, groups)`, what every layer's block takes besides its input; `forward_flops`."""
 
-  block = MultiHeadAttention
-  computes_rows = True  # the xla implementation computes only the queries asked for (Encoder.split_stack)
+  block = None
+  computes_rows = False  # whether the block can compute only some query rows (Encoder.split_stack)
   fused = True  # the fused implementations can run it (False: model.attention=auto resolves to xla)
 
   def start(self, c, x):
     """The state this kind carries up the layer stack, from the encoder's input `x` [B, S, H]; None: none
-    (every built-in kind). A kind with state gets it as its block's last argument, and its block returns
-    (output, the state for the next layer); bertjax.model.layer threads it without asking which kind it is."""
+    (every built-in kind but constituent). A kind with state gets it as its block's last argument, and its block
+    returns (output, the state for the next layer); bertjax.model.layer threads it without asking which kind."""
     return None
+
+  def mask(self, c, groups):
+    """What every layer's attention block takes besides its input, from the rows' groups [B, S]."""
+    raise NotImplementedError
+
+  def forward_flops(self, c, seq_len: int, layer: int) -> float:
+    """Forward matmul FLOPs per token of layer `layer`'s attention."""
+    raise NotImplementedError
+
+
+@kinds.register("attention", "mha")
+class MHA(AttentionKind):
+  """Multi-head scaled dot-product self-attention, global or sliding-window per layer."""
+
+  block = MultiHeadAttention
+  computes_rows = True  # the xla implementation computes only the queries asked for (Encoder.split_stack)
 
   def check(self, m):
     check(m.local_window >= 0 and m.global_every >= 1,
