@@ -295,7 +295,11 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
                                              eval_seconds=seconds_eval, real_token_share=real_all / positions_all,
                                              buckets=[int(b) for b in layout.buckets]))
   if config.save_model and hasattr(task, "save_model"):
-    task.save_model(os.path.join(seed_dir, MODEL_DIR), setup["run_config"], eval_model, params)
+    # The run config names the tokenizer the run used: a pretraining workdir's may be its cache's, unnamed in its
+    # config, and the saved model must find it without the workdir it came from.
+    run_config = setup["run_config"].copy_and_resolve_references()
+    run_config.data.tokenizer = setup["info"]["tokenizer"]
+    task.save_model(os.path.join(seed_dir, MODEL_DIR), run_config, eval_model, params)
     if state is not None:  # the learned ranges travel with the model (q8bert.load_ranges reads them)
       q8bert.save_ranges(os.path.join(seed_dir, MODEL_DIR), state)
   return result

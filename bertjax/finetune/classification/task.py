@@ -149,6 +149,11 @@ def evaluate(outputs, data: TaskData, config, seed_dir: str) -> dict:
 
 
 def save_model(directory: str, run_config, model, params) -> None:
-  """A seed's fine-tuned classifier, as bertjax.compress.prune and classification.model.load_model read it."""
+  """A seed's fine-tuned classifier, as bertjax.compress.prune and classification.model.load_model read it, with a
+  copy of its tokenizer (directory/tokenizer), so predict needs nothing else."""
+  from bertjax.finetune import task_models
+
+  run_config = run_config.copy_and_resolve_references()
+  run_config.data.tokenizer = task_models.copy_tokenizer(run_config.data.tokenizer, directory)
   task_model.save_model(directory, run_config, model, params)
 
