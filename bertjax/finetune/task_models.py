@@ -61,6 +61,16 @@ def write_task_dir(directory: str, kind: str, run_config, params, info: dict) ->
     json.dump(dict(info, kind=kind), f, indent=2)
 
 
+def load_task_dir(directory: str, kind: str, build) -> TaskModel:
+  """A task model written by `write_task_dir` (tagging, multiple choice): `build(run_config, info)` makes its
+  deterministic flax model, whose params are restored from the directory."""
+  from bertjax.finetune.model import restore_params
+
+  info, run_config, tok = read_task_dir(directory)
+  model = build(run_config, info)
+  return TaskModel(kind, run_config, model, restore_params(directory, model), tok, info)
+
+
 def read_task_dir(directory: str) -> tuple:
   """(task.json's info, run config, tokenizer or None) of a directory written by `write_task_dir`."""
   with open(os.path.join(directory, TASK_FILE)) as f:

@@ -29,11 +29,7 @@ def save(directory: str, run_config, params, info: dict) -> None:
 
 def load(directory: str) -> TaskModel:
   """A multiple-choice model written by `save` (or a seed's save_model)."""
-  from bertjax.finetune.model import restore_params
-
-  info, run_config, tok = task_models.read_task_dir(directory)
-  model = build(run_config, info)
-  return TaskModel("multiple_choice", run_config, model, restore_params(directory, model), tok, info)
+  return task_models.load_task_dir(directory, "multiple_choice", build)
 
 
 def read_hf(hf_dir: str) -> TaskModel:
