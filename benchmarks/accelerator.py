@@ -331,7 +331,8 @@ def finetune_case(name: str, pre, torch_side, args, peak: float) -> dict:
   import jax.numpy as jnp
 
   from bertjax.core import config as config_lib, sharding as sh
-  from bertjax.finetune import batches, model as task_model, train as ft
+  from bertjax.finetune import batches, train as ft
+  from bertjax.finetune.classification import model as task_model
   from bertjax.model import flops
 
   m = pre.model
