@@ -18,7 +18,7 @@ import numpy as np
 
 from bertjax.core.errors import UserError
 from bertjax.finetune import tasks
-from bertjax.hf import convert, safetensors_io, tokenizers as hf_tokenizers, weights as W
+from bertjax.hf import configs, convert, safetensors_io, tokenizers as hf_tokenizers, weights as W
 from bertjax.hf import workdir as wd
 
 TASK_FILE = "task.json"
@@ -138,6 +138,21 @@ def write_hf(task_model: TaskModel, out_dir: str) -> str:
   """Exports a task model as its family's transformers class (config.json, model.safetensors, the tokenizer
   files); returns out_dir."""
   return tasks.family(task_model.kind).io.write_hf(task_model, out_dir)
+
+
+def hf_export_config(task_model: TaskModel, classes: dict, what: str) -> tuple:
+  """(family, special ids, config.json dict) of a task model's transformers export as `classes[family]` (the
+  family's task class), with its classifier_dropout; a family without one is a one-line error naming `what`."""
+  config = task_model.config
+  family = configs.family_for(config)
+  if family not in classes:
+    raise UserError(f"transformers has no {what} class bertjax exports for {family}; export supports "
+                    f"{', '.join(classes)}")
+  tok = task_model.tokenizer
+  special = tok.special if tok is not None else convert.SpecialIds(0, 1, 2, 3, 4)
+  hf = configs.to_hf(config, family, classes[family], special)
+  hf["classifier_dropout"] = task_model.info.get("classifier_dropout", 0.1)
+  return family, special, hf
 
 
 def hf_dropout(hf: dict) -> float:

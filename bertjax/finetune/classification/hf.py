@@ -12,7 +12,7 @@ from bertjax.core.errors import UserError
 from bertjax.finetune import task_models
 from bertjax.finetune.classification import model as cls_model
 from bertjax.finetune.task_models import TaskModel
-from bertjax.hf import configs, convert, modernbert as MB, safetensors_io, tokenizers as hf_tokenizers, weights as W
+from bertjax.hf import convert, modernbert as MB, safetensors_io, tokenizers as hf_tokenizers, weights as W
 from bertjax.hf import workdir as wd
 from bertjax.model import config as model_config
 
@@ -123,13 +123,7 @@ def write_hf(task_model: TaskModel, out_dir: str) -> str:
   """Exports a classifier as its family's *ForSequenceClassification (config.json with id2label, problem_type;
   model.safetensors; the tokenizer files); returns out_dir."""
   config = task_model.config
-  family = configs.family_for(config)
-  if family not in SEQUENCE_CLASSES:
-    raise UserError(f"transformers has no classification class bertjax exports for {family}; export supports "
-                    f"{', '.join(SEQUENCE_CLASSES)}")
-  tok = task_model.tokenizer
-  special = tok.special if tok is not None else convert.SpecialIds(0, 1, 2, 3, 4)
-  hf = configs.to_hf(config, family, SEQUENCE_CLASSES[family], special)
+  family, special, hf = task_models.hf_export_config(task_model, SEQUENCE_CLASSES, "classification")
   head, n = task_model.info["head"], task_model.info["num_outputs"]
   if head != SEQUENCE_HEADS[family]:
     raise UserError(f"{SEQUENCE_CLASSES[family]} has the {SEQUENCE_HEADS[family]} head; this model was "
@@ -137,7 +131,6 @@ def write_hf(task_model: TaskModel, out_dir: str) -> str:
   names = task_model.info.get("labels") or [f"LABEL_{i}" for i in range(n)]
   hf.update(num_labels=n, id2label={str(i): t for i, t in enumerate(names)}, label2id={t: i for i, t in enumerate(names)},
             problem_type="regression" if n == 1 else "single_label_classification")
-  hf["classifier_dropout"] = task_model.info.get("classifier_dropout", 0.1)
   if family == "modernbert":
     hf["classifier_pooling"] = task_model.info.get("pooling", "cls")
   if family == "distilbert":
@@ -148,4 +141,4 @@ def write_hf(task_model: TaskModel, out_dir: str) -> str:
   tensors = convert.encoder_tensors(config, params, family, special)
   entries = _sequence_head_entries(head, family, model_config.encoder_config(config.model).use_bias)
   tensors.update(W.export_tensors(entries, params))
-  return convert.write_dir(out_dir, hf, tensors, tok)
+  return convert.write_dir(out_dir, hf, tensors, task_model.tokenizer)

@@ -8,7 +8,7 @@ from bertjax.core.errors import UserError
 from bertjax.finetune import task_models
 from bertjax.finetune.multiple_choice.model import MultipleChoice
 from bertjax.finetune.task_models import TaskModel
-from bertjax.hf import configs, convert, weights as W
+from bertjax.hf import convert, weights as W
 from bertjax.model import config as model_config
 
 MODEL_FILE = task_models.TASK_FILE
@@ -49,17 +49,9 @@ def read_hf(hf_dir: str) -> TaskModel:
 def write_hf(task_model: TaskModel, out_dir: str) -> str:
   """Exports a multiple-choice model as BertForMultipleChoice (config.json, model.safetensors, the tokenizer
   files); returns out_dir."""
-  config = task_model.config
-  family = configs.family_for(config)
-  if family not in CHOICE_CLASSES:
-    raise UserError(f"transformers has no multiple_choice class bertjax exports for {family}; export supports "
-                    f"{', '.join(CHOICE_CLASSES)}")
-  tok = task_model.tokenizer
-  special = tok.special if tok is not None else convert.SpecialIds(0, 1, 2, 3, 4)
-  hf = configs.to_hf(config, family, CHOICE_CLASSES[family], special)
-  hf["classifier_dropout"] = task_model.info.get("classifier_dropout", 0.1)
+  family, special, hf = task_models.hf_export_config(task_model, CHOICE_CLASSES, "multiple_choice")
   params = jax.tree.map(np.asarray, task_model.params)
-  tensors = convert.encoder_tensors(config, params, family, special)
+  tensors = convert.encoder_tensors(task_model.config, params, family, special)
   entries = W.entries_of("classifier", "classifier") + W.entries_of("pooler", W.PREFIX[family] + "pooler.dense")
   tensors.update(W.export_tensors(entries, params))
-  return convert.write_dir(out_dir, hf, tensors, tok)
+  return convert.write_dir(out_dir, hf, tensors, task_model.tokenizer)

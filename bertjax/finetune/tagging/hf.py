@@ -5,12 +5,11 @@ in and out."""
 import jax
 import numpy as np
 
-from bertjax.core.errors import UserError
 from bertjax.finetune import task_models
 from bertjax.finetune.tagging import metrics as tag_metrics
 from bertjax.finetune.tagging.model import TokenClassifier
 from bertjax.finetune.task_models import TaskModel
-from bertjax.hf import configs, convert, weights as W
+from bertjax.hf import convert, weights as W
 from bertjax.model import config as model_config
 
 MODEL_FILE = task_models.TASK_FILE
@@ -52,21 +51,13 @@ def read_hf(hf_dir: str) -> TaskModel:
 def write_hf(task_model: TaskModel, out_dir: str) -> str:
   """Exports a tagger as its family's *ForTokenClassification (config.json with id2label, model.safetensors, the
   tokenizer files); returns out_dir."""
-  config = task_model.config
-  family = configs.family_for(config)
-  if family not in TOKEN_CLASSES:
-    raise UserError(f"transformers has no tagging class bertjax exports for {family}; export supports "
-                    f"{', '.join(TOKEN_CLASSES)}")
-  tok = task_model.tokenizer
-  special = tok.special if tok is not None else convert.SpecialIds(0, 1, 2, 3, 4)
-  hf = configs.to_hf(config, family, TOKEN_CLASSES[family], special)
+  family, special, hf = task_models.hf_export_config(task_model, TOKEN_CLASSES, "tagging")
   labels = task_model.info.get("labels") or []
   hf.update(num_labels=len(labels), id2label={str(i): t for i, t in enumerate(labels)},
             label2id={t: i for i, t in enumerate(labels)})
-  hf["classifier_dropout"] = task_model.info.get("classifier_dropout", 0.1)
   if family == "albert":
     hf["classifier_dropout_prob"] = hf["classifier_dropout"]
   params = jax.tree.map(np.asarray, task_model.params)
-  tensors = convert.encoder_tensors(config, params, family, special)
+  tensors = convert.encoder_tensors(task_model.config, params, family, special)
   tensors.update(W.export_tensors(W.entries_of("classifier", "classifier"), params))
-  return convert.write_dir(out_dir, hf, tensors, tok)
+  return convert.write_dir(out_dir, hf, tensors, task_model.tokenizer)
