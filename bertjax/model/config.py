@@ -13,9 +13,7 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
   """The frozen EncoderConfig of the main network, or of the ELECTRA generator (widths scaled), with the
   attention implementation that model.attention resolves to on `platform` (default: JAX's backend)."""
   f = m.generator_fraction if generator else 1.0
-  impl, _ = attention_lib.resolve(m.attention, m.attention_dropout, platform or jax.default_backend(), m.dtype,
-                                  strict=False)
-  impl = impl if kinds.get("attention", m.attention_kind).fused else "xla"  # a kind no fused kernel can run
+  impl, _ = resolve_attention(m, platform or jax.default_backend(), strict=False)
   hidden = int(m.hidden_size * f)
   return EncoderConfig(
       vocab_size=m.vocab_size, hidden_size=hidden, num_layers=m.num_layers,
@@ -38,6 +36,15 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       constituent_renormalize=m.constituent_renormalize,
       complex_positions=m.complex_positions,
       dense_grad=dense_grad(m.get("dense_grad", "xla"), platform or jax.default_backend()))
+
+
+def resolve_attention(m, platform: str, strict: bool = True) -> tuple[str, str]:
+  """(implementation, notice) that model.attention resolves to on `platform` for the model section `m`:
+  attention_lib.resolve's, except xla for an attention kind no fused kernel can run (its `fused` is False)."""
+  impl, notice = attention_lib.resolve(m.attention, m.attention_dropout, platform, m.dtype, strict=strict)
+  if impl != "xla" and not kinds.get("attention", m.attention_kind).fused:
+    return "xla", f"model.attention={m.attention}: model.attention_kind={m.attention_kind} runs on xla attention only"
+  return impl, notice
 
 
 def local_layers(m) -> tuple:
@@ -82,10 +89,10 @@ def validate(config):
   check(m.dtype in DTYPES, f"model.dtype={m.dtype!r}; use one of {', '.join(DTYPES)}")
   check(m.num_hidden_groups >= 1 and m.num_layers % m.num_hidden_groups == 0,
         f"model.num_hidden_groups={m.num_hidden_groups} must divide model.num_layers={m.num_layers}")
-  _validate_modern(m)
+  _validate_kinds(m)
 
 
-def _validate_modern(m):
+def _validate_kinds(m):
   """The kinds of the encoder's parts (bertjax.model.kinds: each family's key names a registered kind, and each
   kind checks its own options: rope's head width, the pattern of local layers) and the init scheme."""
   kinds.check(m)

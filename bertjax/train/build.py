@@ -20,7 +20,7 @@ from bertjax.core import config as config_lib, sharding
 from bertjax.core.errors import UserError
 from bertjax.data import instances, prepare_lib
 from bertjax.data.tokenizer import SpecialIds
-from bertjax.model import attention as attention_lib, config as model_config, kinds
+from bertjax.model import config as model_config
 from bertjax.model.pretrain import Pretrainer
 from bertjax.objectives import masking, wklm
 from bertjax.train import optim, step as step_lib
@@ -204,10 +204,7 @@ def mesh_platform(mesh) -> str:
 def attention_notice(config, mesh) -> str:
   """The attention implementation a run on `mesh` uses, and why if not the requested one (one line); raises
   UserError where the requested kernel cannot run there."""
-  m = config.model
-  impl, notice = attention_lib.resolve(m.attention, m.attention_dropout, mesh_platform(mesh), m.dtype)
-  if impl != "xla" and not kinds.get("attention", m.attention_kind).fused:
-    return f"model.attention={m.attention}: model.attention_kind={m.attention_kind} runs on xla attention only"
+  impl, notice = model_config.resolve_attention(config.model, mesh_platform(mesh))
   return notice or f"attention: {impl}"
 
 

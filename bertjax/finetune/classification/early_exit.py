@@ -133,7 +133,7 @@ class EarlyExitClassifier(nn.Module):
   @nn.compact
   def __call__(self, input_ids, type_ids, groups):
     """Every layer's logits [B, L, C] (depth: [B, L, C + 1], q(n|x)'s logits in the last channel)."""
-    c, n = self.cfg, self.cfg.num_layers
+    c = self.cfg
     x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic)
     hidden = ExitEncoder(c, self.deterministic, keep_tokens=self.method in TOKEN_HEADS, name="encoder")(x, groups)
     p = self.exit_params()
