@@ -237,11 +237,7 @@ def analyse(loaded, inputs: list, max_len: int = 128, batch_size: int = 16, inpu
   so one compile serves them all; padded query rows are left out."""
   from bertjax.hf import inference
 
-  if loaded.tokenizer is None:
-    raise UserError("this checkpoint has no tokenizer files (tokenizer.json, vocab.txt or spiece.model)")
-  m = loaded.config.model
-  max_len = min(max_len, m.max_positions - m.position_offset)
-  tok = loaded.tokenizer
+  tok, max_len = inference.tokenizer_and_length(loaded, max_len)
   encoded = encode_inputs(tok, inputs, input_format, max_len, max_texts, seed)
   if not encoded:
     raise UserError("no input to analyse: with --input_format=documents, a document needs two sentences to "

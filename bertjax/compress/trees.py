@@ -69,10 +69,7 @@ def trees(loaded, sentences: list, batch_size: int = 16, max_len: int = 128) -> 
   if m.attention_kind != "constituent":
     raise UserError(f"this model's model.attention_kind={m.attention_kind} induces no trees; train one with "
                     "model.attention_kind=constituent (configs/tree.py)")
-  if loaded.tokenizer is None:
-    raise UserError("this checkpoint has no tokenizer files (tokenizer.json, vocab.txt or spiece.model)")
-  tok = loaded.tokenizer
-  max_len = min(max_len, m.max_positions - m.position_offset)
+  tok, max_len = inference.tokenizer_and_length(loaded, max_len)
   encoded = [hf_tokenizers.encode_example(tok, s, None, max_len)[0] for s in sentences]
   width = max(len(ids) for ids in encoded)
   out = []

@@ -89,11 +89,19 @@ def layer_values(config, params, input_ids, type_ids, key: str, groups=None) -> 
   return np.asarray(sown_by_layers(sown, key))
 
 
-def _tokenized(loaded: Loaded, text: str, pair: str | None = None) -> tuple[list, list]:
+def tokenizer_and_length(loaded: Loaded, max_len: int | None = None) -> tuple:
+  """(tokenizer, tokens an input may have) of a loaded model: the length its position table takes, at most
+  `max_len`; a one-line error where the checkpoint has no tokenizer."""
   if loaded.tokenizer is None:
     raise UserError("this checkpoint has no tokenizer files (tokenizer.json, vocab.txt or spiece.model)")
   m = loaded.config.model
-  return hf_tokenizers.encode_example(loaded.tokenizer, text, pair, m.max_positions - m.position_offset)
+  longest = m.max_positions - m.position_offset
+  return loaded.tokenizer, longest if max_len is None else min(max_len, longest)
+
+
+def _tokenized(loaded: Loaded, text: str, pair: str | None = None) -> tuple[list, list]:
+  tok, max_len = tokenizer_and_length(loaded)
+  return hf_tokenizers.encode_example(tok, text, pair, max_len)
 
 
 def attention(loaded: Loaded, text: str, pair: str | None = None) -> tuple[list, np.ndarray]:
