@@ -67,13 +67,13 @@ def tokenizer_key(config, source_fingerprint: str) -> str:
 
 def shards_key(config, source_fingerprint: str, tokenizer_fingerprint: str) -> str:
   """The cache key of prepared shards: the source, the tokenizer, and every setting that changes the rows."""
-  d = config.data
+  d, replace = config.data, units.replace_prob(config)
   return _key(dict(_read_settings(config, source_fingerprint), version=shards.VERSION,
                    rows_version=prepare_lib.ROWS_VERSION,
                    chunk_bytes=prepare_lib.CHUNK_BYTES, tokenizer=tokenizer_fingerprint,
                    format=prepare_lib.resolve_format(config), seq_len=config.seq_len, seed=config.seed,
                    dupe_factor=d.dupe_factor, short_seq_prob=d.short_seq_prob,
-                   **({"replace_prob": units.replace_prob(config)} if units.replace_prob(config) else {})))
+                   **({"replace_prob": replace} if replace else {})))  # only WKLM's: other keys stay as they were
 
 
 def prepared(config, process_index: int = 0) -> str:
