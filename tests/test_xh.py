@@ -97,9 +97,9 @@ def stack():
   hops = xh.Hops(CFG, HOP).init(jax.random.key(1))["params"]
   enc = xh.HopEncoder(CFG, hop=HOP)
   params = enc.init(jax.random.key(2), x, groups, jnp.zeros((1, 3, 3)), hops)
-  hop_fn = jax.jit(lambda x, g, l: enc.apply(params, x, g, l, hops))
+  hop_fn = jax.jit(lambda x, g, l, h=hops: enc.apply(params, x, g, l, h))
   plain = np.asarray(jax.jit(lambda x, g: Encoder(CFG).apply(params, x, g))(x, groups))
-  return hop_fn, x, groups, plain
+  return hop_fn, x, groups, plain, hops
 
 
 def _graph(rng, nodes, lengths, seq):
@@ -110,7 +110,7 @@ def _graph(rng, nodes, lengths, seq):
 
 
 def test_isolated_nodes_are_the_plain_encoder_and_linked_ones_are_not(stack):
-  hop_fn, x, groups, plain = stack
+  hop_fn, x, groups, plain, _ = stack
   none = np.asarray(hop_fn(x, groups, jnp.zeros((1, 3, 3))))
   np.testing.assert_allclose(none, plain, atol=2e-5)  # no links: no hop changes anything
   links = np.zeros((1, 3, 3), np.float32)
@@ -123,7 +123,7 @@ def test_isolated_nodes_are_the_plain_encoder_and_linked_ones_are_not(stack):
 def test_a_graphs_nodes_do_not_depend_on_the_batch_or_its_padding(stack):
   """The fixture's graph A (3 nodes) alone equals A beside graph B in a batch of 5 nodes a graph, padding nodes
   (a lone [CLS]) included, its rows' padding positions holding other values."""
-  hop_fn, xa, ga, _ = stack
+  hop_fn, xa, ga, _, _ = stack
   la = np.zeros((1, 3, 3), np.float32)
   la[0, 0, 1] = la[0, 0, 2] = la[0, 2, 1] = 1.0
   alone = np.asarray(hop_fn(xa, ga, jnp.asarray(la)))
@@ -138,6 +138,17 @@ def test_a_graphs_nodes_do_not_depend_on_the_batch_or_its_padding(stack):
                            jnp.asarray(links)))
   for k, n in enumerate([16, 12, 9]):
     np.testing.assert_allclose(both[5 + k, :n], alone[k, :n], atol=2e-5)
+
+
+@pytest.mark.slow  # a backward compile of the encoder: 3 s idle; the tiny fine-tune trains through it in the normal tier
+def test_each_hop_layer_trains_its_own_weights(stack):
+  """Gradients reach both hop layers' entries of the stacked weights (the scan's broadcast argument, sliced per
+  layer under lax.cond)."""
+  hop_fn, x, groups, _, hops = stack
+  links = jnp.zeros((1, 3, 3)).at[0, 2, 0].set(1.0)
+  grads = jax.grad(lambda h: jnp.sum(hop_fn(x, groups, links, h)[:, 0] ** 2))(hops)
+  for name in ("fc", "merge_kernel"):
+    assert all(np.abs(np.asarray(grads[name][i])).max() > 0 for i in range(2)), name
 
 
 def test_hop_settings_the_encoder_cannot_run_are_one_line_errors():

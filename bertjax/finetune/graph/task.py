@@ -22,7 +22,7 @@ from bertjax.finetune import model as task_model, task_models
 from bertjax.finetune.graph import data as graph_data
 from bertjax.finetune.graph.model import GraphModel
 from bertjax.finetune.tasks import TaskData
-from bertjax.model import xh
+from bertjax.model import config as model_config, xh
 
 OUTPUT_POSITION_AXIS = None  # outputs are per node: [G, N, 1 + classes]
 TARGETS = ("classification", "span")
@@ -67,9 +67,11 @@ def read(config) -> tuple:
 
 
 def prepare(config, loaded, raw: tuple | None = None) -> TaskData:
-  """Both splits encoded to [G, N, seq_len] passage rows (N: task.max_nodes, or the widest graph)."""
+  """Both splits encoded to [G, N, seq_len] passage rows (N: task.max_nodes, or the widest graph), once the hop
+  settings are checked against the checkpoint's encoder."""
   train_g, eval_g = raw if raw is not None else read(config)
   t, tok = config.task, loaded.tokenizer
+  xh.check(model_config.encoder_config(loaded.config.model), hop_config(config))  # before any work: the hop fits
   nodes = t.max_nodes or graph_data.widest(train_g, eval_g)
   train, _ = graph_data.encode(train_g, tok, config.seq_len, nodes, t.max_query_length)
   dev, offsets = graph_data.encode(eval_g, tok, config.seq_len, nodes, t.max_query_length)
