@@ -212,3 +212,33 @@ def test_the_tiny_fine_tune_writes_results(tmp_path, preset):
   assert model.kind == "graph" and model.model.hop.from_layer == 0 and "hops" in model.params
   if target == "span":
     assert os.path.isfile(tmp_path / "ft" / "seed_0" / "predictions.json")
+
+
+@pytest.mark.slow  # a minute or two cold on 2 cores
+def test_only_the_hop_can_tell_which_passage_links_to_the_hub(tmp_path):
+  """Every graph holds the same three passages ("hub ...", "red ...", "blue ..."); only which of red and blue links
+  to the hub decides the label, so no passage's own tokens tell the classes apart: without the hop the model is at
+  chance (0.5), with it the hub's [CLS] hears the linking passage."""
+  import random
+
+  from bertjax.finetune import train
+
+  rng, data = random.Random(0), tmp_path / "graphs"
+  data.mkdir()
+  filler = ["one", "two", "three", "four", "five", "six"]
+  for name, n in (("train.jsonl", 400), ("dev.jsonl", 60)):
+    rows = []
+    for i in range(n):
+      texts = {p: " ".join([p] + rng.sample(filler, 3)) for p in ("hub", "red", "blue")}
+      label = rng.randrange(2)
+      passages = [dict(id=p, text=t) for p, t in rng.sample(sorted(texts.items()), 3)]
+      rows.append(json.dumps(dict(id=str(i), passages=passages, links=[["red" if label else "blue", "hub"]],
+                                  label=str(label))))
+    (data / name).write_text("\n".join(rows) + "\n")
+  config = load_config("configs/xh.py:tiny")
+  config.init.checkpoint = tiny_hf_checkpoint(tmp_path, ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hub", "red",
+                                                         "blue"] + filler)
+  config.task.source, config.total_steps, config.seq_len, config.bucket_lengths = f"jsonl:{data}", 150, 16, "none"
+  config.model.dropout = config.model.attention_dropout = config.model.classifier_dropout = 0.0
+  results = train.finetune(config, str(tmp_path / "ft"))
+  assert results["per_seed"][0]["accuracy"] > 0.9, results["per_seed"]
