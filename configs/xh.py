@@ -21,7 +21,7 @@ from bertjax.core.config import load
 
 # name: (target, labels, what it is)
 PRESETS = {
-    "fever": ("classification", "SUPPORTS,REFUTES,NOT ENOUGH INFO", "FEVER-style claim verification over linked evidence"),
+    "fever": ("classification", "SUPPORTS,REFUTES,NOT ENOUGH INFO", "FEVER-style claims over linked evidence"),
     "hotpot": ("span", "", "HotpotQA-style answer span in one of the linked passages"),
     "tiny": ("classification", "0,1", "CPU smoke size: graph classification on the data the tests write"),
     "tiny_span": ("span", "", "CPU smoke size: span extraction on the data the tests write"),

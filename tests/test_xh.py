@@ -140,7 +140,7 @@ def test_a_graphs_nodes_do_not_depend_on_the_batch_or_its_padding(stack):
     np.testing.assert_allclose(both[5 + k, :n], alone[k, :n], atol=2e-5)
 
 
-@pytest.mark.slow  # a backward compile of the encoder: 3 s idle; the tiny fine-tune trains through it in the normal tier
+@pytest.mark.slow  # a backward compile of the encoder (3 s idle); the normal tier's tiny fine-tune trains through it
 def test_each_hop_layer_trains_its_own_weights(stack):
   """Gradients reach both hop layers' entries of the stacked weights (the scan's broadcast argument, sliced per
   layer under lax.cond)."""

@@ -62,7 +62,8 @@ def read(config) -> tuple:
                 for s, n in ((True, t.max_train_examples), (False, t.max_eval_examples)))
   width = graph_data.widest(train, dev)
   _check(not t.max_nodes or width <= t.max_nodes,
-         f"a graph of {t.source} has {width} passages, more than task.max_nodes={t.max_nodes}; raise it (0: the widest)")
+         f"a graph of {t.source} has {width} passages, more than task.max_nodes={t.max_nodes}; raise it "
+         "(0: the widest)")
   return train, dev
 
 
