@@ -130,3 +130,27 @@ def tiny_hf_checkpoint(tmp_path, vocab) -> str:
   ckpt = str(tmp_path / "hf")
   convert.write_hf(pre, convert.init_params(pre, seed=0), ckpt, load_tokenizer(f"wordpiece:{tmp_path / 'vocab.txt'}"))
   return ckpt
+
+
+def toy_graphs(sentences, n: int, target: str, seed: int = 0) -> list:
+  """`n` JSONL lines of graphs of 2-4 passages (sentences) with random links, in bertjax.finetune.graph's layout:
+  classification (label "1" when some passage links to the first) or span (which word follows X? in one passage)."""
+  import json
+  import random
+
+  rng, rows = random.Random(seed), []
+  for i in range(n):
+    texts = rng.sample(sentences, rng.randint(2, 4))
+    ids = [f"p{k}" for k in range(len(texts))]
+    links = sorted({(rng.choice(ids), rng.choice(ids)) for _ in range(rng.randint(0, 3))})
+    row = dict(id=f"g{i}", passages=[dict(id=p, text=t) for p, t in zip(ids, texts)], links=[list(l) for l in links])
+    if target == "classification":
+      row.update(question="", label=str(int(any(v == "p0" and u != "p0" for u, v in links))))
+    else:
+      k = rng.randrange(len(texts))
+      words = texts[k].split()
+      j = rng.randrange(len(words) - 1)
+      start = texts[k].index(words[j + 1], len(" ".join(words[:j + 1])))
+      row.update(question=f"Which word follows {words[j]}?", answer=dict(passage=ids[k], text=words[j + 1], start=start))
+    rows.append(json.dumps(row))
+  return rows

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, toy_graphs
 
 README = os.path.join(REPO, "README.md")
 
@@ -55,6 +55,7 @@ OVERRIDES = {
     ("bertjax.finetune", None, "configs/finetune.py:ner"): ({}, ("--config.total_steps=10", "--config.seeds=1")),
     ("bertjax.finetune", None, "configs/finetune.py:swag"): (
         {}, ("--config.seq_len=64", "--config.total_steps=10", "--config.seeds=1")),
+    ("bertjax.finetune", None, "configs/xh.py:tiny"): ({}, ("--config.total_steps=10",)),
     ("bertjax.distill", None, "configs/distill.py:tiny"): ({}, SHORT_RUN),
     ("bertjax.summary", None, "configs/bert.py:base"): ({}, ()),
     ("bertjax.summary", None, "configs/mobilebert.py:mobilebert"): ({}, ()),
@@ -175,8 +176,8 @@ def _sentences():
 def task_data(tmp):
   """Toy datasets in the layouts the README's task commands read (/data/NAME there, tmp/data/NAME here), made
   from Python's own docs: a GLUE root (SST-2 as the README's toy task, RTE: is B the sentence after A?),
-  SQuAD v2.0 (which word follows X?, some unanswerable), CoNLL (capitalized words as entities) and
-  multiple-choice JSONL (the true next sentence among three)."""
+  SQuAD v2.0 (which word follows X?, some unanswerable), CoNLL (capitalized words as entities),
+  multiple-choice JSONL (the true next sentence among three) and graphs of linked sentences (conftest.toy_graphs)."""
   sents, rng, root = _sentences(), random.Random(0), f"{tmp}/data"
 
   def write(path, text):
@@ -216,6 +217,8 @@ def task_data(tmp):
       rows.append(json.dumps({"context": sents[i], "question": "", "choices": [choices[j] for j in order],
                               "label": order.index(0)}))
     write(f"{root}/mc/{name}", "\n".join(rows) + "\n")
+  for name, n, seed in (("train.jsonl", 60, 0), ("dev.jsonl", 20, 1)):  # Transformer-XH: graphs of sentences
+    write(f"{root}/graphs/{name}", "\n".join(toy_graphs(sents, n, "classification", seed)) + "\n")
 
 
 @pytest.mark.slow

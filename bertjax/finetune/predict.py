@@ -125,6 +125,9 @@ def run(args) -> list:
                     "transformers task directory")
   kind = task_models.kind_of_dir(args.model)
   fam = tasks.family(kind)
+  if wants and fam.predict is None:
+    raise UserError(f"{args.model} is a {kind} model, which this command does not predict with; its fine-tuning run "
+                    "evaluates it and writes its predictions (seed_S/)")
   inputs = fam.predict.read_inputs(args, finetune_config(args.model)) if wants else None
   tm = task_models.load(args.model)
   records = []

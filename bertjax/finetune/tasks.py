@@ -20,6 +20,7 @@ KINDS = {
     "squad": "bertjax.finetune.squad.family",
     "tagging": "bertjax.finetune.tagging.family",
     "multiple_choice": "bertjax.finetune.multiple_choice.family",
+    "graph": "bertjax.finetune.graph.family",
 }
 _REGISTRY = {}  # kind -> Family
 DEFAULT_KIND = "classification"  # configs written before task.kind existed are classification runs

@@ -130,9 +130,11 @@ def training_stages(task, config) -> list:
   return task.stages(config) if hasattr(task, "stages") else [tasks.Stage(task.loss)]
 
 
-def packed_inputs(batch) -> dict:
-  """The model's extra inputs for packed rows (--config.pack_train: batches.packed), else nothing."""
-  return {k: batch[k] for k in ("position_ids", "cls_positions") if k in batch}
+def packed_inputs(batch, model=None) -> dict:
+  """The model's extra inputs: packed rows' (--config.pack_train: batches.packed) and the batch fields the model
+  names in its `batch_inputs` (a graph's links), else nothing."""
+  names = ("position_ids", "cls_positions") + tuple(getattr(model, "batch_inputs", ()))
+  return {k: batch[k] for k in names if k in batch}
 
 
 def batch_loss(params, batch, rng, model, task_loss, head_gates=None):
@@ -140,7 +142,7 @@ def batch_loss(params, batch, rng, model, task_loss, head_gates=None):
   weigh 0). `task_loss(outputs, batch)` returns per-example losses [B], or (numerator [B], denominator [B])
   for a loss averaged over units other than examples (e.g. tokens). `rng` None for a deterministic model,
   `head_gates` [layers, heads] for bertjax.compress.prune's importance."""
-  packed = packed_inputs(batch)
+  packed = packed_inputs(batch, model)
   out = model.apply({"params": params}, batch["input_ids"], batch["type_ids"], batch["groups"],
                     *(() if head_gates is None else (head_gates,)), rngs={"dropout": rng} if rng is not None else {},
                     **packed)
@@ -150,7 +152,7 @@ def batch_loss(params, batch, rng, model, task_loss, head_gates=None):
 def stateful_loss(params, state, batch, rng, model, task_loss):
   """(batch_loss, the updated `state`): for a model whose forward pass updates non-trainable collections
   (`state`, e.g. q8bert's activation ranges), applied with them mutable."""
-  packed = packed_inputs(batch)
+  packed = packed_inputs(batch, model)
   out, state = model.apply({"params": params, **state}, batch["input_ids"], batch["type_ids"], batch["groups"],
                            rngs={"dropout": rng} if rng is not None else {}, mutable=list(state), **packed)
   return _mean_loss(task_loss(out, batch), batch), state
@@ -186,7 +188,7 @@ def train_step(params, opt_state, batch, seed, step, state=None, *, model, tx, t
 
 @functools.lru_cache(maxsize=4)
 def _predict_fn(model):
-  return jax.jit(lambda v, b: model.apply(v, b["input_ids"], b["type_ids"], b["groups"]))
+  return jax.jit(lambda v, b: model.apply(v, b["input_ids"], b["type_ids"], b["groups"], **packed_inputs(b, model)))
 
 
 def predict(params, arrays, model, batch_size: int, layout: batches.Layout | None = None,
@@ -199,7 +201,7 @@ def predict(params, arrays, model, batch_size: int, layout: batches.Layout | Non
   width = np.shape(arrays["input_ids"])[-1]
   order, outs = [], []
   for rows, b in batches.eval_batches(arrays, batch_size, layout):
-    out = np.asarray(apply({k: b[k] for k in ("input_ids", "type_ids", "groups")}))[:len(rows)]
+    out = np.asarray(apply({k: b[k] for k in tasks.TOKEN_FIELDS + getattr(model, "batch_inputs", ())}))[:len(rows)]
     if position_axis is not None and out.shape[position_axis] < width:
       pad = [(0, 0)] * out.ndim
       pad[position_axis] = (0, width - out.shape[position_axis])

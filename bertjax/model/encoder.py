@@ -93,13 +93,13 @@ def remat(layer, c: EncoderConfig):
   return nn.remat(layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
 
 
-def scan_layers(layer, c: EncoderConfig, length: int):
-  """`length` layers under nn.scan: parameters stacked on a leading `layers` axis, dropout keys split per layer."""
+def scan_layers(layer, c: EncoderConfig, length: int, broadcast: int = 0):
+  """`length` layers under nn.scan: params stacked on a `layers` axis, dropout keys split, `broadcast` args shared."""
   return nn.scan(
       layer,
       variable_axes={"params": 0, "intermediates": 0, QUANT_RANGES: 0},
       split_rngs={"params": True, "dropout": True},
-      in_axes=(0, nn.broadcast, nn.broadcast, 0, nn.broadcast),
+      in_axes=(0, nn.broadcast, nn.broadcast, 0, nn.broadcast) + (nn.broadcast,) * broadcast,
       length=length,
       metadata_params={nn.PARTITION_NAME: sh.LAYERS},
       unroll=min(layers_per_iteration(c), length),
