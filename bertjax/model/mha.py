@@ -123,9 +123,10 @@ def keys_per_query(seq_len: int, half_window: int) -> float:
 def encoder_groups(c, groups, inputs=None):
   """What a model hands the encoder as `groups`: the rows' groups [B, S], or for an attention kind that reads more
   of the rows (`AttentionKind.inputs`, e.g. the tree kind's node spans) the tuple (groups, those arrays of the
-  mapping `inputs`, a batch); without `inputs` (inference on plain text) the groups alone."""
+  mapping `inputs`, a batch); without them (plain text, inference, init) the groups alone."""
   names = kinds.of(c, "attention").inputs
-  return (groups, *(inputs[k] for k in names)) if names and inputs is not None else groups
+  given = names and inputs is not None and all(k in inputs for k in names)
+  return (groups, *(inputs[k] for k in names)) if given else groups
 
 
 class AttentionKind(kinds.Kind):
