@@ -21,6 +21,7 @@ import optax
 from bertjax.compress import q8bert, quantize
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
+from bertjax.data import trees
 from bertjax.finetune import batches, tasks
 from bertjax.finetune.classification import task as classification
 from bertjax.finetune.model import MODEL_DIR, layer_multipliers, scale_by_tree
@@ -131,8 +132,10 @@ def training_stages(task, config) -> list:
 
 
 def packed_inputs(batch) -> dict:
-  """The model's extra inputs for packed rows (--config.pack_train: batches.packed), else nothing."""
-  return {k: batch[k] for k in ("position_ids", "cls_positions") if k in batch}
+  """The model's extra inputs for packed rows (--config.pack_train: batches.packed) and a tree model's node spans
+  (`inputs`: bertjax.data.trees), else nothing."""
+  out = {k: batch[k] for k in ("position_ids", "cls_positions") if k in batch}
+  return dict(out, inputs={k: batch[k] for k in trees.FIELDS}) if trees.FIELDS[0] in batch else out
 
 
 def batch_loss(params, batch, rng, model, task_loss, head_gates=None):
@@ -186,7 +189,7 @@ def train_step(params, opt_state, batch, seed, step, state=None, *, model, tx, t
 
 @functools.lru_cache(maxsize=4)
 def _predict_fn(model):
-  return jax.jit(lambda v, b: model.apply(v, b["input_ids"], b["type_ids"], b["groups"]))
+  return jax.jit(lambda v, b: model.apply(v, b["input_ids"], b["type_ids"], b["groups"], **packed_inputs(b)))
 
 
 def predict(params, arrays, model, batch_size: int, layout: batches.Layout | None = None,
@@ -199,7 +202,8 @@ def predict(params, arrays, model, batch_size: int, layout: batches.Layout | Non
   width = np.shape(arrays["input_ids"])[-1]
   order, outs = [], []
   for rows, b in batches.eval_batches(arrays, batch_size, layout):
-    out = np.asarray(apply({k: b[k] for k in ("input_ids", "type_ids", "groups")}))[:len(rows)]
+    inputs = {k: b[k] for k in ("input_ids", "type_ids", "groups", *trees.FIELDS) if k in b}
+    out = np.asarray(apply(inputs))[:len(rows)]
     if position_axis is not None and out.shape[position_axis] < width:
       pad = [(0, 0)] * out.ndim
       pad[position_axis] = (0, width - out.shape[position_axis])
