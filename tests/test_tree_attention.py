@@ -211,3 +211,28 @@ def test_a_tree_that_does_not_parse_stops_the_run_with_one_line_naming_it(tmp_pa
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
   assert lines[0].startswith(f"error: {path}:4: the bracketed tree does not parse (1 '(' left open)"), lines
+
+
+@pytest.mark.slow  # a pretraining run and a fine-tuning run: minutes on 2 cores
+def test_pretraining_then_classification_over_given_parses_writes_results(tmp_path):
+  import json
+
+  from test_readme import task_data
+
+  (tmp_path / "toy-sst2").mkdir()
+  for name in ("train.tsv", "dev.tsv"):  # task_data copies the README's toy SST-2 too
+    (tmp_path / "toy-sst2" / name).write_text("sentence\tlabel\nx\t0\n")
+  task_data(str(tmp_path))
+  env = dict(os.environ, BERTJAX_CACHE=str(tmp_path / "cache"))
+  run = lambda *args: subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                                     timeout=1800)
+  pre = run("bertjax.train", "--config=configs/tree.py:parsed_tiny", f"--workdir={tmp_path / 'pre'}",
+            f"--config.data.source=text:{tmp_path}/data/trees/train.txt", "--config.total_steps=10",
+            "--config.log_every=5", "--config.eval_every=10", "--config.checkpoint_every=10")
+  assert pre.returncode == 0, pre.stderr[-3000:]
+  ft = run("bertjax.finetune", "--config=configs/finetune.py:tiny", f"--config.init.checkpoint={tmp_path / 'pre'}",
+           f"--config.task.source=tsv:{tmp_path}/data/trees", "--config.seq_len=96", "--config.total_steps=10",
+           f"--workdir={tmp_path / 'ft'}")
+  assert ft.returncode == 0, ft.stderr[-3000:]
+  results = json.load(open(tmp_path / "ft" / "results.json"))
+  assert results["eval_examples"] == 100 and 0 <= results["summary"]["accuracy"]["median"] <= 1

@@ -2,8 +2,8 @@
 of sentences is the user's, bertjax reads its trees.
 
 Input (`data.trees=True` with `data.source=text:GLOB`; a classification task's text column alike): one tree a line,
-`(S (NP a b) c)` or Penn style `(S (NP (DT the) (NN cat)) (VP (VBD sat)))`, a blank line between documents (they
-decide only which trees are held out for eval). As the authors' preprocessing does (github.com/nxphi47/tree_transformer
+`(S (NP a b) c)` or Penn style `(S (NP (DT the) (NN cat)) (VP (VBD sat)))`; blank lines are skipped, and each
+tree is a document of its own (data.eval_fraction of them are held out for eval). As the authors' preprocessing does (github.com/nxphi47/tree_transformer
 src/dptree/nstack_process.py: part-of-speech tags kept apart from the nodes, `remove_single_nodeset`), a node over a
 single word (a part-of-speech tag) is no node, and a chain of single-child nodes keeps its lowest: every node has
 two children or more, so no two nodes share a span.
@@ -185,22 +185,15 @@ def chunk_rows(tok, docs: list, fmt: str, seq_len: int, train: bool) -> tuple:
 
 
 def _documents(files: list, stats: sources.SourceStats):
-  """Documents (blank-line separated) of (text, Parsed) lines, parsed as they are read: PATH:LINE in any error."""
+  """Every tree its own document of one (text, Parsed) line, parsed as it is read: PATH:LINE in any error."""
   for path in files:
-    doc = []
     with open(path, encoding="utf-8") as f:
       for number, line in enumerate(f, start=1):
         stats.progress += len(line.encode("utf-8"))
         if line.strip():
           parsed = parse(line, f"{path}:{number}")
-          doc.append((text(parsed), parsed))
-        elif doc:
           stats.documents += 1
-          yield doc
-          doc = []
-    if doc:
-      stats.documents += 1
-      yield doc
+          yield [(text(parsed), parsed)]
 
 
 def open_reader(config):
