@@ -172,6 +172,20 @@ def test_packed_and_padded_rows_equal_separate_ones(encoder):
   assert np.abs(out[3, 5:7] - out[0, 5:7]).max() > 1e-3
 
 
+def test_task_trees_are_rows_and_pack_train_moves_their_spans():
+  from bertjax.finetune import batches
+
+  rows = trees.encode_rows(["(S (NP a b) c)", "(S (VP d (NP e f)) g)"], CharTokenizer(), 16)
+  assert rows["node_first"][1].tolist() == [-1] * 6 + [2, 1, 1] + [-1] * 7  # NP(e f), VP, S: bottom-up
+  batch = dict(rows, label=np.array([0, 1]), example_weight=np.ones(2, np.float32))
+  packed = batches.packed(batch, 32)
+  # First fit, longest first: the second tree at 0, the first at 9 ([CLS] a b c [SEP] NP S at 9..15).
+  assert packed["node_first"][0].tolist() == [-1] * 6 + [2, 1, 1] + [-1] * 5 + [10, 10] + [-1] * 16
+  assert packed["node_last"][0, 14:16].tolist() == [11, 12] and packed["cls_positions"][0, :2].tolist() == [0, 9]
+  with pytest.raises(UserError, match="train example 1: its tree needs 9 positions"):
+    trees.encode_rows(["(S (VP d (NP e f)) g)"], CharTokenizer(), 8, "train example")
+
+
 def test_mlm_never_masks_a_node():
   from bertjax.objectives import masking
   from bertjax.train import step
