@@ -37,6 +37,7 @@ OVERRIDES = {
     ("bertjax.train", None, "configs/wklm.py:tiny"): ({}, SHORT_RUN + ("--config.model.vocab_size=400",)),
     ("bertjax.train", None, "configs/tree.py:tiny"): ({}, SHORT_RUN),
     ("bertjax.compress.trees", None, None): ({}, ()),
+    ("bertjax.train", None, "configs/tree.py:parsed_tiny"): ({}, SHORT_RUN),
     ("bertjax.train", None, "configs/complex_order.py:tiny"): ({}, SHORT_RUN),
     ("bertjax.summary", None, "configs/modernbert.py:base"): ({}, ()),
     # ModernBERT-base for a v4-32 compiles for about 17 minutes here: the same command for the tiny preset on a v4-8.
@@ -177,7 +178,8 @@ def task_data(tmp):
   """Toy datasets in the layouts the README's task commands read (/data/NAME there, tmp/data/NAME here), made
   from Python's own docs: a GLUE root (SST-2 as the README's toy task, RTE: is B the sentence after A?),
   SQuAD v2.0 (which word follows X?, some unanswerable), CoNLL (capitalized words as entities),
-  multiple-choice JSONL (the true next sentence among three) and graphs of linked sentences (conftest.toy_graphs)."""
+  multiple-choice JSONL (the true next sentence among three), graphs of linked sentences (conftest.toy_graphs)
+  and bracketed trees (tree attention)."""
   sents, rng, root = _sentences(), random.Random(0), f"{tmp}/data"
 
   def write(path, text):
@@ -219,6 +221,18 @@ def task_data(tmp):
     write(f"{root}/mc/{name}", "\n".join(rows) + "\n")
   for name, n, seed in (("train.jsonl", 60, 0), ("dev.jsonl", 20, 1)):  # Transformer-XH: graphs of sentences
     write(f"{root}/graphs/{name}", "\n".join(toy_graphs(sents, n, "classification", seed)) + "\n")
+  # Bracketed trees (tree attention on given parses): short sentences, words paired into NPs, the first half of
+  # the phrases under a VP when there are enough of them; classified by whether that VP is there.
+  short = [s.replace("(", "-LRB-").replace(")", "-RRB-").split() for s in sents if len(s.split()) <= 10]
+  parsed = []
+  for words in short[:300]:
+    phrases = [w[0] if len(w) == 1 else f"(NP {' '.join(w)})" for w in (words[i:i + 2] for i in range(0, len(words), 2))]
+    half = len(phrases) // 2
+    parsed.append(f"(S (VP {' '.join(phrases[:half])}) {' '.join(phrases[half:])})" if half > 1 and rng.random() < 0.5
+                  else f"(S {' '.join(phrases)})")
+  write(f"{root}/trees/train.txt", "\n".join(parsed) + "\n")
+  for name, part in (("train.tsv", parsed[:200]), ("dev.tsv", parsed[200:])):
+    write(f"{root}/trees/{name}", "sentence\tlabel\n" + "".join(f"{t}\t{int('(VP' in t)}\n" for t in part))
 
 
 @pytest.mark.slow

@@ -61,6 +61,9 @@ def defaults() -> ml_collections.ConfigDict:
       # units) and mention (WKLM). With source=units the corpus is the span source's own text; with another
       # source the span source's mention strings mark mentions in it (a gazetteer).
       units="",
+      # Each line of the text source is a bracketed constituency tree, `(S (NP a b) c)` (bertjax.data.trees): rows
+      # hold its leaves, then its nodes (node_first / node_last: each node's span), for attention_kind=tree.
+      trees=False,
   )
   # Masking.
   c.masking = dict(
@@ -143,6 +146,10 @@ def defaults() -> ml_collections.ConfigDict:
       # Complex-order embeddings (position=complex_order): descending (the code: S-1 .. 0 along the row) |
       # ascending (the paper: the token's position, restarting per packed example).
       complex_positions="descending",
+      # Tree attention on given parses (attention_kind=tree, Nguyen et al. 2020; docs/models.md): the clamps of the
+      # hierarchical embeddings' indices (the code's defaults, 100 and 1024) and the vertical index: depth (the
+      # code: the node's depth below the root) | path (the paper's reading: nodes from the leaf up to the node).
+      tree_max_horiz=100, tree_max_vert=1024, tree_vertical="depth",
   )
   # Objectives: name -> weight; 0 switches one off.
   c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0, wklm=0.0)

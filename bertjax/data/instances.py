@@ -66,6 +66,7 @@ class InstanceStats:
   spans: int = 0  # entity/phrase spans marked on tokens (bertjax.data.units), counted per sentence
   unaligned_spans: int = 0  # spans dropped: no token of their own
   replaced_mentions: int = 0  # WKLM: mentions replaced by another of their type
+  long_trees: int = 0  # bracketed trees (bertjax.data.trees) longer than a row, left out
 
   @property
   def label_balance(self) -> float:

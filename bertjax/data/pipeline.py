@@ -25,7 +25,7 @@ import sys
 import numpy as np
 
 from bertjax.core.errors import UserError
-from bertjax.data import cache_entry, instances, prepare_lib, shards, sources, units
+from bertjax.data import cache_entry, instances, prepare_lib, shards, sources, trees, units
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.data.tokenizer_spec import load_tokenizer
 
@@ -54,6 +54,8 @@ def _read_settings(config, source_fingerprint: str) -> dict:
               tfds_text_key=d.tfds_text_key, tfds_data_dir=d.tfds_data_dir)
   if d.get("units", ""):  # the span files' content (keys of runs without spans stay as they were)
     read["units"] = units.fingerprint(d.units)
+  if d.get("trees", False):  # lines read as bracketed trees (bertjax.data.trees)
+    read["trees"] = True
   return read
 
 
@@ -89,7 +91,7 @@ def prepared(config, process_index: int = 0) -> str:
     directory = os.path.join(root, f"tokenizer-{tokenizer_key(config, source)}")
 
     def train(tmp):
-      prepare_lib.prepare_tokenizer(config, units.open_reader(config), tmp)
+      prepare_lib.prepare_tokenizer(config, trees.open_reader(config), tmp)
 
     tokenizer = "spm:" + os.path.join(once(directory, train), "tokenizer.model")
   tok = load_tokenizer(tokenizer)
@@ -163,6 +165,9 @@ def _open_shards(config, directory: str, cached: bool = False) -> Dataset:
   if units.units_mode(config) and "units" not in meta:
     raise UserError(f"shards {directory} hold no entity/phrase units but the config sets data.units; prepare them "
                     "with --config.data.units=..., or train with --config.data.units= on the shards as they are")
+  if bool(meta.get("trees")) != bool(config.data.get("trees", False)):
+    raise UserError(f"shards {directory} hold {'' if meta.get('trees') else 'no '}bracketed trees but the config sets "
+                    f"data.trees={config.data.get('trees', False)}; prepare them with the config's data.trees")
   if meta["seq_len"] != config.seq_len:
     raise UserError(f"shards {directory} have seq_len {meta['seq_len']} but config.seq_len={config.seq_len}; {fix}")
   theirs = meta["tokenizer"]

@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 from bertjax.core.errors import UserError
-from bertjax.data import hf_tokenizer, instances, shards, sources, units
+from bertjax.data import hf_tokenizer, instances, shards, sources, trees, units
 from bertjax.data.tokenizer import reservoir_sample, Tokenizer, train_sentencepiece
 from bertjax.data.tokenizer_spec import load_tokenizer
 
@@ -67,6 +67,7 @@ class Settings:
   units: str = ""  # entity/phrase spans: "" (none) | spans (the span source's own sentences) | gazetteer (matched)
   gazetteer: object = None  # units.Gazetteer for "gazetteer"
   replace_prob: float = 0.0  # WKLM: share of mentions replaced by another of their type (0: no corruption)
+  trees: bool = False  # lines are bracketed trees (bertjax.data.trees)
 
 
 @dataclasses.dataclass
@@ -160,10 +161,19 @@ def _tokenizer(spec: str) -> Tokenizer:
 def process_chunk(task) -> ChunkResult:
   """(settings, split, index, raw documents) -> the chunk's rows and counts. Runs in a worker."""
   settings, split, index, docs = task
-  tok = _tokenizer(settings.tokenizer)
-  tokenized, sentences, tokens = [], 0, 0
+  tok, train = _tokenizer(settings.tokenizer), split == "train"
+  if settings.trees:  # one bracketed tree an example (bertjax.data.trees)
+    arrays, stats, sentences, tokens, counts = trees.chunk_rows(tok, docs, settings.fmt, settings.seq_len, train)
+  else:
+    arrays, stats, sentences, tokens, counts = _text_rows(settings, split, index, docs, tok)
+  records = np.empty(0, settings.dtype) if arrays is None else shards.to_records(arrays, settings.dtype)
+  return ChunkResult(split, records, stats, len(docs), sentences, tokens, counts)
+
+
+def _text_rows(settings, split, index, docs, tok) -> tuple:
+  """(arrays or None, stats, sentences, tokens, token counts) of a chunk of text (or marked sentences)."""
+  tokenized, sentences, tokens, train = [], 0, 0, split == "train"
   counts = np.zeros(tok.vocab_size, np.int64)
-  train = split == "train"
   span_counts = dict(replaced=0)
   if settings.units:
     docs = units.marked_chunk(settings, docs, chunk_seed(settings.seed if train else 0, split, index) + 1, span_counts)
@@ -186,8 +196,7 @@ def process_chunk(task) -> ChunkResult:
       seed=chunk_seed(settings.seed if train else 0, split, index), units=bool(settings.units))
   stats.spans, stats.unaligned_spans = span_counts.get("spans", 0), span_counts.get("unaligned", 0)
   stats.replaced_mentions = span_counts["replaced"]
-  records = np.empty(0, settings.dtype) if arrays is None else shards.to_records(arrays, settings.dtype)
-  return ChunkResult(split, records, stats, len(docs), sentences, tokens, counts)
+  return arrays, stats, sentences, tokens, counts
 
 
 def ordered_map(fn, tasks, workers: int, max_in_flight: int = 0):
@@ -279,47 +288,10 @@ def _claim_directory(directory: str, overwrite: bool):
       os.remove(path)
 
 
-def _fields(fmt: str, with_units: bool = False) -> list:
+def _fields(fmt: str, with_units: bool = False, with_trees: bool = False) -> list:
   return ["input_ids", "type_ids", "word_start", "groups", "sentence_label"] + (
-      ["position_ids"] if fmt == "packed" else []) + (["unit_start", "mention"] if with_units else [])
-
-
-def _human(x: float) -> str:
-  for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-    if abs(x) >= size:
-      return f"{x / size:.1f}{unit}"
-  return f"{x:.0f}"
-
-
-class Progress:
-  """A progress line on `stream`: redrawn in place on a terminal, else a new line every `every` seconds."""
-
-  def __init__(self, reader: sources.Reader, stream, every: float = 15.0):
-    self.reader, self.stream = reader, stream
-    self.start = self.last = time.time()
-    self.tty = hasattr(stream, "isatty") and stream.isatty()
-    self.every = 0.2 if self.tty else every
-
-  def update(self, stats: sources.SourceStats, tokens: int, rows: int, force: bool = False):
-    now = time.time()
-    if not force and now - self.last < self.every:
-      return
-    self.last, elapsed = now, max(now - self.start, 1e-9)
-    parts = []
-    total = self.reader.total
-    if total:
-      done = min(stats.progress / total, 1.0)
-      bar = "#" * int(done * 24)
-      eta = elapsed * (1 - done) / done if done > 0 else 0
-      parts.append(f"[{bar:<24}] {done:6.1%} of {_human(total)} {self.reader.unit}, ETA {eta:.0f}s")
-    parts.append(f"documents {stats.documents:,}  tokens {_human(tokens)}  rows {rows:,}  "
-                 f"{_human(tokens / elapsed)} tokens/s")
-    line = "prepare " + "  ".join(parts)
-    print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=self.stream, flush=True)
-
-  def close(self):
-    if self.tty:
-      print(file=self.stream, flush=True)
+      ["position_ids"] if fmt == "packed" else []) + (["unit_start", "mention"] if with_units else []) + (
+      list(trees.FIELDS) if with_trees else [])
 
 
 def _add(total: instances.InstanceStats, part: instances.InstanceStats):
@@ -349,7 +321,7 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
   fmt = resolve_format(config)
   directory = os.path.abspath(os.path.expanduser(directory))
   _claim_directory(directory, overwrite)
-  reader = units.open_reader(config)
+  reader = trees.open_reader(config)
   mode = units.units_mode(config)
   gazetteer = units.Gazetteer(d.units) if mode == "gazetteer" else None
   if gazetteer is not None and progress:
@@ -361,10 +333,10 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
           f"up to {d.tokenizer_sentences:,} sampled lines (one pass over the corpus)", file=progress, flush=True)
   spec = prepare_tokenizer(config, reader, directory, tokenizer)
   tok = load_tokenizer(absolute_spec(spec, directory))
-  types = shards.storage_types(_fields(fmt, bool(mode)), tok.vocab_size)
+  types = shards.storage_types(_fields(fmt, bool(mode), d.get("trees", False)), tok.vocab_size)
   settings = Settings(absolute_spec(spec, directory), reader.paragraphs, fmt, config.seq_len, d.short_seq_prob,
                       d.dupe_factor, config.seed, shards.row_dtype(types, config.seq_len), mode, gazetteer,
-                      units.replace_prob(config))
+                      units.replace_prob(config), d.get("trees", False))
 
   t1 = time.time()
   stats = sources.SourceStats()
@@ -372,7 +344,7 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
   made = {split: instances.InstanceStats() for split in writers}
   documents, sentences, tokens = dict(train=0, eval=0), 0, 0
   token_counts = np.zeros(tok.vocab_size, np.int64)
-  bar = Progress(reader, progress) if progress else None
+  bar = sources.Progress(reader, progress) if progress else None
   chunks = chunk_documents(reader.read(stats), d.eval_fraction, CHUNK_BYTES)
   tasks = ((settings, split, index, docs) for split, index, docs in chunks)
   for result in ordered_map(process_chunk, tasks, workers):
@@ -408,6 +380,8 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
       timing=dict(tokenizer_seconds=t1 - t0, seconds=seconds, workers=workers, tokens_per_second=tokens / seconds),
       token_counts=shards.write_token_counts(directory, token_counts),
   )
+  if settings.trees:  # what the rows hold (bertjax.data.trees); trees too long for a row: counts.*.long_trees
+    meta["trees"] = True
   if mode:
     meta["units"] = dict(spec=d.units, mode=mode, replace_prob=settings.replace_prob,
                          gazetteer=len(gazetteer) if gazetteer is not None else 0)

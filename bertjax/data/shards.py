@@ -32,7 +32,8 @@ VERSION = 1
 SHARD_BYTES = 1 << 30  # a shard file holds about this many bytes of rows
 # Stored type of each field (input_ids: see storage_types); _SCALARS are one value per row.
 _STORED = dict(type_ids="u1", word_start="?", groups="<u2", position_ids="<u2", sentence_label="u1",
-               unit_start="?", mention="u1")  # the last two: entity/phrase spans (bertjax.data.units)
+               unit_start="?", mention="u1",  # entity/phrase spans (bertjax.data.units)
+               node_first="<i2", node_last="<i2")  # tree nodes' spans (bertjax.data.trees)
 _SCALARS = ("sentence_label",)
 
 

@@ -16,7 +16,7 @@ import dataclasses
 
 import numpy as np
 
-from bertjax.data import pipeline
+from bertjax.data import pipeline, trees
 from bertjax.core.errors import UserError
 
 BUCKET_STEP = 32  # "auto" fits seq_len / 32 buckets: as many shapes as multiples of 32 would compile
@@ -227,6 +227,7 @@ def packed(batch: dict, seq_len: int) -> dict:
     if len(place) == len(real):
       break
   out = {k: np.zeros((rows, seq_len), np.int32) for k in ("input_ids", "type_ids", "groups", "position_ids")}
+  out.update({k: np.full((rows, seq_len), -1, np.int32) for k in trees.FIELDS if k in batch})  # tree nodes' spans
   out["cls_positions"] = np.zeros((rows, PACK_SLOTS), np.int32)
   out["example_weight"] = np.zeros((rows, PACK_SLOTS), np.float32)
   label = np.asarray(batch["label"])
@@ -237,5 +238,7 @@ def packed(batch: dict, seq_len: int) -> dict:
     out["type_ids"][r, at:at + n] = np.asarray(batch["type_ids"])[i, :n]
     out["groups"][r, at:at + n] = slot + 1
     out["position_ids"][r, at:at + n] = np.arange(n)
+    for k in [f for f in trees.FIELDS if f in out]:  # tree nodes' spans are row positions: moved with the example
+      out[k][r, at:at + n] = np.where(batch[k][i, :n] >= 0, batch[k][i, :n] + at, -1)
     out["cls_positions"][r, slot], out["example_weight"][r, slot], out["label"][r, slot] = at, weight[i], label[i]
   return out

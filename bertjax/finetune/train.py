@@ -21,6 +21,7 @@ import optax
 from bertjax.compress import q8bert, quantize
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
+from bertjax.data import trees
 from bertjax.finetune import batches, tasks
 from bertjax.finetune.classification import task as classification
 from bertjax.finetune.model import MODEL_DIR, layer_multipliers, scale_by_tree
@@ -131,10 +132,12 @@ def training_stages(task, config) -> list:
 
 
 def packed_inputs(batch, model=None) -> dict:
-  """The model's extra inputs: packed rows' (--config.pack_train: batches.packed) and the batch fields the model
-  names in its `batch_inputs` (a graph's links), else nothing."""
+  """The model's extra inputs: packed rows' (--config.pack_train: batches.packed), the batch fields the model
+  names in its `batch_inputs` (a graph's links) and a tree model's node spans (`inputs`: bertjax.data.trees),
+  else nothing."""
   names = ("position_ids", "cls_positions") + tuple(getattr(model, "batch_inputs", ()))
-  return {k: batch[k] for k in names if k in batch}
+  out = {k: batch[k] for k in names if k in batch}
+  return dict(out, inputs={k: batch[k] for k in trees.FIELDS}) if trees.FIELDS[0] in batch else out
 
 
 def batch_loss(params, batch, rng, model, task_loss, head_gates=None):
@@ -201,7 +204,8 @@ def predict(params, arrays, model, batch_size: int, layout: batches.Layout | Non
   width = np.shape(arrays["input_ids"])[-1]
   order, outs = [], []
   for rows, b in batches.eval_batches(arrays, batch_size, layout):
-    out = np.asarray(apply({k: b[k] for k in tasks.TOKEN_FIELDS + getattr(model, "batch_inputs", ())}))[:len(rows)]
+    names = (*tasks.TOKEN_FIELDS, *getattr(model, "batch_inputs", ()), *trees.FIELDS)
+    out = np.asarray(apply({k: b[k] for k in names if k in b}))[:len(rows)]
     if position_axis is not None and out.shape[position_axis] < width:
       pad = [(0, 0)] * out.ndim
       pad[position_axis] = (0, width - out.shape[position_axis])

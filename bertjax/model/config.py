@@ -34,7 +34,8 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       lsra_conv=m.lsra_conv, lsra_glu=m.lsra_glu, lsra_weight_dropout=m.lsra_weight_dropout,
       constituent_scale=m.constituent_scale,
       constituent_renormalize=m.constituent_renormalize,
-      complex_positions=m.complex_positions,
+      complex_positions=m.complex_positions, tree_max_horiz=m.get("tree_max_horiz", 100),
+      tree_max_vert=m.get("tree_max_vert", 1024), tree_vertical=m.get("tree_vertical", "depth"),
       dense_grad=dense_grad(m.get("dense_grad", "xla"), platform or jax.default_backend()))
 
 

@@ -90,6 +90,10 @@ class EncoderConfig:
   constituent_scale: float = 256.0
   constituent_renormalize: bool = False
   complex_positions: str = "descending"  # complex-order embeddings (bertjax.model.complex_order)
+  # Tree attention on given parses (bertjax.model.tree_attention): index clamps, vertical index (depth | path).
+  tree_max_horiz: int = 100
+  tree_max_vert: int = 1024
+  tree_vertical: str = "depth"
   # The Lite Transformer's long-short range attention (attention_kind="lsra", bertjax.model.lsra); read by no other kind.
   lsra_kernel_sizes: tuple = ()  # per layer (one value: every layer); empty: the reference's 3, 7, 15, 31, ...
   lsra_conv: str = "dynamic"  # dynamic (a kernel per position from the input) | lightweight (a kernel per head)

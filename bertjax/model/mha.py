@@ -36,11 +36,11 @@ class MultiHeadAttention(Block):
     (xla implementation): the output is [B, K, E], keys and values still come from every position."""
     return self.attend(x, mask, head_gates, positions, layer_index, at)
 
-  def attend(self, x, mask, head_gates, positions, layer_index, at, weights=None):
+  def attend(self, x, mask, head_gates, positions, layer_index, at, weights=None, values=None):
     """The block's computation, called inside a compact `__call__` (this one, or a kind's that subclasses it).
     `weights`: optional [B, S, S] that multiplies every head's attention probabilities after the softmax (xla
-    implementation; the Tree Transformer's constituent prior, bertjax.model.constituent)."""
-    xq, out = multi_head(self, self.cfg, x, mask, head_gates, positions, layer_index, at, weights)
+    implementation; the Tree Transformer's constituent prior, bertjax.model.constituent). `values`: multi_head's."""
+    xq, out = multi_head(self, self.cfg, x, mask, head_gates, positions, layer_index, at, weights, values)
     return kinds.of(self.cfg, "norm").attention_output(self.cfg, xq, out)
 
   @staticmethod
@@ -49,17 +49,21 @@ class MultiHeadAttention(Block):
     return (x, jnp.zeros((1, 1, 1, 1), jnp.float32))
 
 
-def multi_head(module, c, x, mask, head_gates=None, positions=None, layer_index=0, at=None, weights=None):
+def multi_head(module, c, x, mask, head_gates=None, positions=None, layer_index=0, at=None, weights=None,
+               values=None):
   """Multi-head attention of `x` [B, S, c.hidden_size] as `MultiHeadAttention` computes it, up to its output
   projection and dropout, with its parameters (query, key, value, output) made in the calling module's scope.
   Returns (the residual input at the computed rows, the block's output before residual and norm). The arguments are
   MultiHeadAttention's (`weights`: MultiHeadAttention.attend's); `c` is the width the heads see (bertjax.model.lsra
-  runs it on half the channels)."""
+  runs it on half the channels). `values`: optional function of the projected values [B, S, heads, head_dim] that
+  returns the values the probabilities mix (bertjax.model.tree_attention's hierarchical accumulation)."""
   local = layer_is_local(c, layer_index)
   position = kinds.of(c, "position")
   proj = lambda n: dense(c, c.hidden_size, (c.num_heads, c.head_dim), (sh.EMBED, sh.HEADS, sh.KV), n, c.use_bias)
   xq = x if at is None else rows_at(x, at)
   q, k, v = proj("query")(xq), proj("key")(x), proj("value")(x)
+  if values is not None:
+    v = values(v)
   q, k = position.rotate(q, k, position.for_layer(positions, local), at)
   if c.attention == "xla":
     if local is not False:  # keys further than the half window away are masked on local layers
@@ -116,6 +120,15 @@ def keys_per_query(seq_len: int, half_window: int) -> float:
   return float((np.minimum(q + half_window, seq_len - 1) - np.maximum(q - half_window, 0) + 1).mean())
 
 
+def encoder_groups(c, groups, inputs=None):
+  """What a model hands the encoder as `groups`: the rows' groups [B, S], or for an attention kind that reads more
+  of the rows (`AttentionKind.inputs`, e.g. the tree kind's node spans) the tuple (groups, those arrays of the
+  mapping `inputs`, a batch); without them (plain text, inference, init) the groups alone."""
+  names = kinds.of(c, "attention").inputs
+  given = names and inputs is not None and all(k in inputs for k in names)
+  return (groups, *(inputs[k] for k in names)) if given else groups
+
+
 class AttentionKind(kinds.Kind):
   """What an attention kind answers (its defaults: a kind with no state that computes every row and lets
   model.attention pick any implementation). `block`: the flax module of a layer's attention, called as
@@ -124,6 +137,9 @@ class AttentionKind(kinds.Kind):
   block = None
   computes_rows = False  # whether the block can compute only some query rows (Encoder.split_stack)
   fused = True  # the fused implementations can run it (False: model.attention=auto resolves to xla)
+  # Batch arrays [B, S] besides `groups` that `mask` reads (encoder_groups hands them over): none for every kind
+  # but tree (node_first, node_last).
+  inputs: tuple = ()
 
   def start(self, c, x):
     """The state this kind carries up the layer stack, from the encoder's input `x` [B, S, H]; None: none

@@ -17,6 +17,7 @@ from bertjax.model import flops
 from bertjax.model.embeddings import Embeddings
 from bertjax.model.encoder import Encoder
 from bertjax.model.hparams import EncoderConfig
+from bertjax.model.mha import encoder_groups
 from bertjax.model.heads import MLMHead, RTDHead, SBOHead, SentenceHead, WKLMHead
 
 
@@ -80,10 +81,12 @@ class Pretrainer(nn.Module):
     if self.wklm_mentions:
       self.wklm_head = WKLMHead(self.cfg)
 
-  def encode(self, input_ids, type_ids, groups, position_ids=None):
-    """Final hidden states [B, S, H] of the main encoder."""
+  def encode(self, input_ids, type_ids, groups, position_ids=None, inputs=None):
+    """Final hidden states [B, S, H] of the main encoder; `inputs` (the batch) holds the row arrays the attention
+    kind reads besides the groups (mha.encoder_groups: the tree kind's node spans)."""
     emb = self.embeddings(input_ids, type_ids, self.deterministic, position_ids, groups)
-    return self.encoder(emb, groups, position_ids=position_ids)  # rotary positions restart per packed example
+    # rotary positions restart per packed example
+    return self.encoder(emb, encoder_groups(self.cfg, groups, inputs), position_ids=position_ids)
 
   def score(self, input_ids, type_ids):
     """Every head's logits at every position of unpadded inputs (inference): `mlm` [B, S, V] (ELECTRA: the
@@ -116,7 +119,7 @@ class Pretrainer(nn.Module):
     positions = batch.get("position_ids")  # packed inputs restart positions per example
     out = {}
     if self.generator is None:
-      hidden = self.encode(ids, types, groups, positions)
+      hidden = self.encode(ids, types, groups, positions, batch)
       slots = batch["mlm_positions"]
       if self.wso:  # one decoder pass over the MLM and the shuffled positions
         slots = jnp.concatenate([slots, batch["wso_positions"]], axis=1)
@@ -132,7 +135,7 @@ class Pretrainer(nn.Module):
         out["wklm_logits"] = self.wklm_head(hidden, batch["wklm_first"], batch["wklm_last"])
     else:
       emb = self.embeddings(ids, types, self.deterministic, positions, groups)
-      gen_hidden = self.generator_encoder(emb, groups, position_ids=positions)
+      gen_hidden = self.generator_encoder(emb, encoder_groups(self.generator, groups, batch), position_ids=positions)
       out["mlm_logits"] = logits = self.generator_mlm(gen_hidden, batch["mlm_positions"], self.embeddings)
       sampled = sample_tokens(self.make_rng("sample"), jax.lax.stop_gradient(logits), self.sample_temperature)
       corrupted = replace_at(ids, batch["mlm_positions"], batch["mlm_weights"], sampled)
@@ -140,7 +143,7 @@ class Pretrainer(nn.Module):
       # original token has produced a real token, and the discriminator must call it original.
       out["rtd_labels"] = (corrupted != batch["original_ids"]).astype(jnp.int32)
       out["rtd_input_ids"] = corrupted
-      hidden = self.encode(corrupted, types, groups, positions)
+      hidden = self.encode(corrupted, types, groups, positions, batch)
       out["rtd_logits"] = self.rtd(hidden)
     if self.sentence_head:
       out["sentence_logits"] = self.sentence(hidden)

@@ -113,6 +113,8 @@ def host_batch_spec(config, batch_size: int) -> dict:
     spec["position_ids"] = sds((batch_size, s), jnp.int32)
   if config.data.get("units", ""):  # entity/phrase spans (bertjax.data.units)
     spec["unit_start"], spec["mention"] = sds((batch_size, s), jnp.bool_), sds((batch_size, s), jnp.int32)
+  if config.data.get("trees", False):  # tree nodes' spans (bertjax.data.trees)
+    spec["node_first"] = spec["node_last"] = sds((batch_size, s), jnp.int32)
   return spec
 
 

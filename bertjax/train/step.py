@@ -83,6 +83,8 @@ def apply_masking(rng, batch, cfg: StepConfig, evaluation: bool = False):
   scheme = cfg.eval_masking if evaluation and cfg.eval_masking is not None else cfg.masking
   boundaries = batch["unit_start"] if scheme.units else batch["word_start"]  # masking.units: ERNIE's units
   protect = wklm.protected(batch["mention"]) if cfg.wklm_mentions else None  # WKLM: no MLM mask on a mention
+  if "node_first" in batch:  # tree rows (bertjax.data.trees): MLM over the leaves, never a node
+    protect = (batch["node_first"] >= 0) | (False if protect is None else protect)
   masked = masking.mask_batch(rng, batch["input_ids"], boundaries, scheme, cfg.token_counts, protect)
   if cfg.wklm_mentions:
     masked.update(wklm.mention_slots(batch["mention"], cfg.wklm_mentions))

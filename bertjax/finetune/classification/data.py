@@ -8,7 +8,7 @@ import sys
 import numpy as np
 
 from bertjax.core.errors import UserError
-from bertjax.data import sources
+from bertjax.data import sources, trees
 from bertjax.hf.tokenizers import encode_example
 
 
@@ -109,8 +109,14 @@ def subsample(examples: Examples, n: int, seed: int) -> Examples:
                   examples.skipped)
 
 
-def encode(examples: Examples, tokenizer, seq_len: int) -> dict:
-  """Fixed-length arrays: input_ids, type_ids, groups (1 = real token) and label."""
+def encode(examples: Examples, tokenizer, seq_len: int, parsed: bool = False, split: str = "train") -> dict:
+  """Fixed-length arrays: input_ids, type_ids, groups (1 = real token) and label. `parsed`: each text is a bracketed
+  tree (a model with tree attention): its leaves, then its nodes with their spans (node_first, node_last;
+  bertjax.data.trees); a tree that does not parse or fit is a UserError naming the `split`'s example."""
+  if parsed:
+    if examples.b is not None:
+      raise UserError("a model over given parses reads one bracketed tree per example; set --config.task.text_b=")
+    return dict(trees.encode_rows(examples.a, tokenizer, seq_len, f"{split} example"), label=examples.labels)
   n = len(examples.a)
   ids = np.full((n, seq_len), tokenizer.special.pad, np.int32)
   types = np.zeros((n, seq_len), np.int32)

@@ -15,6 +15,7 @@ from bertjax.model.embeddings import Embeddings
 from bertjax.model.encoder import Encoder
 from bertjax.model.hparams import EncoderConfig
 from bertjax.model.layers import activation, dense, layer_norm
+from bertjax.model.mha import encoder_groups
 
 HEADS = ("pooler", "electra", "roberta", "modernbert", "distilbert")
 POOLINGS = ("cls", "mean")
@@ -55,18 +56,21 @@ class Classifier(nn.Module):
   pooling: str = "cls"  # modernbert head: cls | mean
 
   @nn.compact
-  def __call__(self, input_ids, type_ids, groups, head_gates=None, position_ids=None, cls_positions=None):
+  def __call__(self, input_ids, type_ids, groups, head_gates=None, position_ids=None, cls_positions=None,
+               inputs=None):
     """head_gates: optional [layers, heads] multipliers of the attention heads (bertjax.compress.prune).
     Packed rows (bertjax.finetune.batches.packed): `position_ids` [B, S] restart at each example, `groups` tell
-    the examples apart, and `cls_positions` [B, K] name each example's [CLS]: outputs are then [B, K, outputs]."""
+    the examples apart, and `cls_positions` [B, K] name each example's [CLS]: outputs are then [B, K, outputs].
+    `inputs`: the row arrays the attention kind reads besides the groups (tree nodes' spans; mha.encoder_groups)."""
     c = self.cfg
     x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic, position_ids)
     encoder = Encoder(c, self.deterministic, name="encoder")
+    rows = encoder_groups(c, groups, inputs)
     if self.head == "modernbert" and self.pooling == "mean":
-      hidden = encoder(x, groups, head_gates, position_ids)
+      hidden = encoder(x, rows, head_gates, position_ids)
     else:  # only the [CLS] hidden states are used: the last layer computes nothing else
       at = jnp.zeros((x.shape[0], 1), jnp.int32) if cls_positions is None else cls_positions
-      cls = encoder(x, groups, head_gates, position_ids, outputs_at=at)
+      cls = encoder(x, rows, head_gates, position_ids, outputs_at=at)
       cls = cls[:, 0] if cls_positions is None else cls
     drop = lambda h: nn.Dropout(self.classifier_dropout)(h, deterministic=self.deterministic)
     if self.head == "modernbert":

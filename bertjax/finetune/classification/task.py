@@ -15,7 +15,9 @@ import optax
 from bertjax.core.errors import UserError
 from bertjax.finetune.classification import data as task_data, metrics as task_metrics, model as task_model
 from bertjax.finetune.model import init_params as pretrained_init
-from bertjax.finetune.tasks import TaskData
+from bertjax.data import trees
+from bertjax.finetune.tasks import TaskData, TOKEN_FIELDS
+from bertjax.model import kinds
 from bertjax.hf import configs as hf_configs
 
 OUTPUT_POSITION_AXIS = None  # outputs are per example ([B, C]), no sequence axis to re-pad after length buckets
@@ -66,6 +68,8 @@ def head_kind(config, loaded) -> str:
   DistilBertForSequenceClassification's for DistilBERT's shape: no segment embeddings), else BERT's pooler."""
   if config.model.head != "auto":
     return config.model.head
+  if any(k.hf_family == "" for k in kinds.chosen(loaded.config.model).values()):  # kinds of no transformers family
+    return "pooler"  # (tree, constituent attention): BERT's head
   family = hf_configs.family_for(loaded.config)
   return family if family in ("electra", "roberta", "modernbert", "distilbert") else "pooler"
 
@@ -94,7 +98,9 @@ def prepare(config, loaded, raw: tuple | None = None) -> TaskData:
   train_ex, evals = raw if raw is not None else read(config)
   head = head_kind(config, loaded)
   pooler = pretrained_pooler(loaded)
-  encoded = [task_data.encode(ex, loaded.tokenizer, config.seq_len) for ex in evals]
+  # A model whose attention reads node spans (model.attention_kind=tree) reads bracketed trees.
+  parsed = kinds.get("attention", loaded.config.model.attention_kind).inputs == trees.FIELDS
+  encoded = [task_data.encode(ex, loaded.tokenizer, config.seq_len, parsed, "eval") for ex in evals]
   eval_arrays = {k: np.concatenate([e[k] for e in encoded]) for k in encoded[0]}
   if len(encoded) > 1:
     eval_arrays["eval_split"] = np.concatenate([np.full(len(e["label"]), i, np.int32) for i, e in enumerate(encoded)])
@@ -103,13 +109,14 @@ def prepare(config, loaded, raw: tuple | None = None) -> TaskData:
   if head == "modernbert":  # reported with the run: the checkpoint's own unless --config.model.pooling says
     pooling = extra_counts["pooling"] = pooling_of(config)
   return TaskData(
-      train=task_data.encode(train_ex, loaded.tokenizer, config.seq_len),
+      train=task_data.encode(train_ex, loaded.tokenizer, config.seq_len, parsed),
       eval=eval_arrays,
       info=dict(train_examples=len(train_ex.a), eval_examples=len(evals[0].a), **extra_counts,
                 skipped_rows=train_ex.skipped + sum(ex.skipped for ex in evals), head=head,
                 pooler=("none" if head not in ("pooler", "modernbert") else "pretrained" if pooler is not None
                         else "fresh")),
-      model=dict(num_outputs=len(task_data.label_names(task)) or 1, head=head, pooling=pooling))
+      model=dict(num_outputs=len(task_data.label_names(task)) or 1, head=head, pooling=pooling),
+      token_fields=TOKEN_FIELDS + (trees.FIELDS if parsed else ()))
 
 
 def model(config, cfg, data: TaskData, deterministic: bool) -> task_model.Classifier:
