@@ -35,6 +35,13 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       constituent_scale=m.constituent_scale,
       constituent_renormalize=m.constituent_renormalize,
       complex_positions=m.complex_positions,
+      attn_layers=config_lib.names_list(m.attn_layers), causal=m.causal,
+      local_attn_chunk_length=m.local_attn_chunk_length, local_num_chunks_before=m.local_num_chunks_before,
+      local_num_chunks_after=m.local_num_chunks_after, local_attention_dropout=m.local_attention_dropout,
+      lsh_attn_chunk_length=m.lsh_attn_chunk_length, lsh_num_chunks_before=m.lsh_num_chunks_before,
+      lsh_num_chunks_after=m.lsh_num_chunks_after, lsh_attention_dropout=m.lsh_attention_dropout,
+      num_hashes=m.num_hashes, num_buckets=config_lib.ints_list(m.num_buckets, "model.num_buckets"),
+      hash_seed=m.hash_seed,
       dense_grad=dense_grad(m.get("dense_grad", "xla"), platform or jax.default_backend()))
 
 

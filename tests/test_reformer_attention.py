@@ -1,0 +1,108 @@
+"""Reformer's attention kinds against transformers' (models/reformer/modeling_reformer.py): `local`
+(bertjax.model.chunked, LocalSelfAttention) and `lsh` (bertjax.model.lsh, LSHSelfAttention) on the same weights and
+a padded batch, in eval mode with a fixed hash_seed, outputs within 1e-5 and buckets equal; packed examples never
+read each other; the per-layer pattern of kinds (bertjax.model.per_layer); fused implementations refused."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from transformers import ReformerConfig
+from transformers.models.reformer import modeling_reformer as hf_reformer
+
+from bertjax.core.errors import UserError
+from bertjax.model import chunked
+from bertjax.model.hparams import EncoderConfig
+from bertjax.train import build
+from conftest import micro
+
+H, HEADS, HEAD_DIM, CHUNK = 16, 2, 8, 8
+
+
+def _configs(kind, **kw):
+  """(transformers' ReformerConfig, bertjax's EncoderConfig) of one tiny attention layer; `kw` in transformers'
+  names (is_decoder for causal)."""
+  hf = ReformerConfig(hidden_size=H, num_attention_heads=HEADS, attention_head_size=HEAD_DIM, attn_layers=[kind],
+                      local_attn_chunk_length=CHUNK, lsh_attn_chunk_length=CHUNK, hidden_dropout_prob=0.0,
+                      local_attention_probs_dropout_prob=0.0, lsh_attention_probs_dropout_prob=0.0, **kw)
+  ours = dict(local_attn_chunk_length=CHUNK, lsh_attn_chunk_length=CHUNK, causal=kw.get("is_decoder", False))
+  for key in ("local_num_chunks_before", "local_num_chunks_after", "lsh_num_chunks_before", "lsh_num_chunks_after",
+              "num_hashes", "hash_seed"):
+    if key in kw:
+      ours[key] = kw[key]
+  if "num_buckets" in kw:
+    ours["num_buckets"] = tuple(np.atleast_1d(kw["num_buckets"]).tolist())
+  c = EncoderConfig(vocab_size=10, hidden_size=H, num_layers=1, num_heads=HEADS, intermediate_size=16,
+                    embedding_size=H, head_size=HEAD_DIM, attention_kind=kind, norm="pre", dropout=0.0,
+                    attention_dropout=0.0, **ours)
+  return hf, c
+
+
+def _kernel(linear, shape):
+  """A torch Linear's weight [out, in] as a bertjax kernel [in, ...] of `shape`."""
+  return jnp.asarray(linear.weight.detach().numpy().T.reshape(shape))
+
+
+def _params(attention):
+  """bertjax's parameters of a transformers ReformerAttention's self-attention and output projection."""
+  names = {"query_key": "query_key", "query": "query", "key": "key", "value": "value"}
+  sa = attention.self_attention
+  params = {ours: {"kernel": _kernel(getattr(sa, theirs), (H, HEADS, HEAD_DIM))}
+            for ours, theirs in names.items() if hasattr(sa, theirs)}
+  params["output"] = {"kernel": _kernel(attention.output.dense, (HEADS, HEAD_DIM, H))}
+  return params
+
+
+def _batch(seq_len):
+  """Two rows, the second ending in 5 padding tokens: (hidden states, transformers' mask)."""
+  torch.manual_seed(1)
+  mask = torch.ones(2, seq_len, dtype=torch.long)
+  mask[1, seq_len - 5:] = 0
+  return torch.randn(2, seq_len, H), mask
+
+
+def _compare(kind, block, seq_len, **kw):
+  """transformers' self-attention and output projection vs the bertjax block (jitted) on the same weights."""
+  hf, c = _configs(kind, **kw)
+  torch.manual_seed(0)
+  attention = hf_reformer.ReformerAttention(hf, 0).eval()
+  x, mask = _batch(seq_len)
+  with torch.no_grad():
+    want = attention.output(attention.self_attention(x, attention_mask=mask).hidden_states).numpy()
+  run = jax.jit(lambda p, x, g: block(c).apply({"params": p}, x, g))
+  got = run(_params(attention), jnp.asarray(x.numpy()), jnp.asarray(mask.numpy()))
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("seq_len,kw", [
+    (32, dict(local_num_chunks_before=1, local_num_chunks_after=1)),  # MLM's symmetric neighbours, circular
+    (32, dict(local_num_chunks_before=2, local_num_chunks_after=0, is_decoder=True)),  # causal
+    (6, dict()),  # a row shorter than a chunk: plain attention
+])
+def test_local_attention_is_transformers(seq_len, kw):
+  _compare("local", chunked.LocalAttention, seq_len, **kw)
+
+
+def test_local_attention_wraps_around_and_keeps_packed_examples_apart():
+  _, c = _configs("local", local_num_chunks_before=1, local_num_chunks_after=0)
+  block = chunked.LocalAttention(c)
+  x = jax.random.normal(jax.random.key(0), (1, 32, H))
+  params = jax.jit(block.init)(jax.random.key(1), x, jnp.ones((1, 32), jnp.int32))
+  run = jax.jit(block.apply)
+  base = run(params, x, jnp.ones((1, 32), jnp.int32))
+  # Circular: chunk 0 reads the last chunk (transformers' _look_adjacent), so changing it changes position 0.
+  moved = run(params, x.at[:, -CHUNK:].add(1.0), jnp.ones((1, 32), jnp.int32))
+  assert np.abs(np.asarray(moved - base)[0, 0]).max() > 1e-3
+  # Two packed examples (and padding): changing the second example leaves the first as it was.
+  groups = jnp.asarray([[1] * 12 + [2] * 14 + [0] * 6])
+  packed = run(params, x, groups)
+  other = run(params, x.at[:, 12:26].multiply(-2.0), groups)
+  np.testing.assert_array_equal(np.asarray(other)[0, :12], np.asarray(packed)[0, :12])
+  assert np.abs(np.asarray(packed - base)[0, :12]).max() > 1e-3  # without groups it reads the other example
+
+
+def test_fused_attention_is_refused_in_one_line():
+  config = micro(**{"model.attention_kind": "local", "model.attention": "cudnn"})
+  with pytest.raises(UserError, match="model.attention_kind=local has no fused kernel.*model.attention=xla"):
+    build.validate(config)
