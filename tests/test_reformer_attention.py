@@ -3,6 +3,8 @@
 a padded batch, in eval mode with a fixed hash_seed, outputs within 1e-5 and buckets equal; packed examples never
 read each other; the per-layer pattern of kinds (bertjax.model.per_layer); fused implementations refused."""
 
+from unittest import mock
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +14,7 @@ from transformers import ReformerConfig
 from transformers.models.reformer import modeling_reformer as hf_reformer
 
 from bertjax.core.errors import UserError
-from bertjax.model import chunked
+from bertjax.model import chunked, lsh
 from bertjax.model.hparams import EncoderConfig
 from bertjax.train import build
 from conftest import micro
@@ -31,7 +33,7 @@ def _configs(kind, **kw):
               "num_hashes", "hash_seed"):
     if key in kw:
       ours[key] = kw[key]
-  if "num_buckets" in kw:
+  if kw.get("num_buckets"):
     ours["num_buckets"] = tuple(np.atleast_1d(kw["num_buckets"]).tolist())
   c = EncoderConfig(vocab_size=10, hidden_size=H, num_layers=1, num_heads=HEADS, intermediate_size=16,
                     embedding_size=H, head_size=HEAD_DIM, attention_kind=kind, norm="pre", dropout=0.0,
@@ -63,16 +65,24 @@ def _batch(seq_len):
 
 
 def _compare(kind, block, seq_len, **kw):
-  """transformers' self-attention and output projection vs the bertjax block (jitted) on the same weights."""
+  """transformers' self-attention and output projection vs the bertjax block (jitted) on the same weights; LSH's
+  rotations are bertjax's hash_seed ones, handed to transformers in place of its torch.randn draw. Returns
+  (transformers' buckets without their rounds' offsets, bertjax's sown buckets), or None for a row of one chunk."""
   hf, c = _configs(kind, **kw)
   torch.manual_seed(0)
   attention = hf_reformer.ReformerAttention(hf, 0).eval()
   x, mask = _batch(seq_len)
-  with torch.no_grad():
-    want = attention.output(attention.self_attention(x, attention_mask=mask).hidden_states).numpy()
-  run = jax.jit(lambda p, x, g: block(c).apply({"params": p}, x, g))
-  got = run(_params(attention), jnp.asarray(x.numpy()), jnp.asarray(mask.numpy()))
+  r = torch.from_numpy(np.array(lsh.seeded_rotations(c, seq_len))) if kind == "lsh" else None
+  with mock.patch.object(hf_reformer.torch, "randn", lambda *a, **k: r.clone()), torch.no_grad():
+    out = attention.self_attention(x, attention_mask=mask)
+    want = attention.output(out.hidden_states).numpy()
+  run = jax.jit(lambda p, x, g: block(c).apply({"params": p}, x, g, mutable="intermediates"))
+  got, sown = run(_params(attention), jnp.asarray(x.numpy()), jnp.asarray(mask.numpy()))
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0)
+  if getattr(out, "buckets", None) is None:
+    return None
+  stride = int(np.prod(np.atleast_1d(hf.num_buckets))) + 1  # transformers' rounds' offsets (with a padding bucket)
+  return out.buckets.numpy() % stride, np.asarray(sown["intermediates"]["buckets"][0])
 
 
 @pytest.mark.parametrize("seq_len,kw", [
@@ -82,6 +92,48 @@ def _compare(kind, block, seq_len, **kw):
 ])
 def test_local_attention_is_transformers(seq_len, kw):
   _compare("local", chunked.LocalAttention, seq_len, **kw)
+
+
+@pytest.mark.parametrize("seq_len,kw", [
+    # Two rounds, 4 buckets, symmetric neighbours (MLM).
+    (32, dict(num_hashes=2, num_buckets=4, lsh_num_chunks_before=1, lsh_num_chunks_after=1)),
+    (32, dict(num_hashes=1, num_buckets=[2, 4], is_decoder=True)),  # factorized buckets, causal
+    # num_buckets=None: transformers' rule from the length (8 here); three rounds, the next chunk only.
+    (32, dict(num_hashes=3, num_buckets=None, lsh_num_chunks_before=0, lsh_num_chunks_after=1)),
+    (6, dict(num_hashes=2, num_buckets=4)),  # a row shorter than a chunk: plain attention with the self-mask
+])
+def test_lsh_attention_and_its_buckets_are_transformers(seq_len, kw):
+  buckets = _compare("lsh", lsh.LSHAttention, seq_len, hash_seed=3, **kw)
+  if seq_len > CHUNK:
+    theirs, ours = buckets
+    np.testing.assert_array_equal(ours, theirs)
+    assert ours[1, :, :, -5:].min() == ours.max() == theirs.max()  # padding in the extra bucket
+  else:
+    assert buckets is None
+
+
+def test_the_bucket_sort_is_stable_and_exact_where_a_scaled_key_overflows_int32():
+  # transformers' key (rounds x S) x bucket + index reaches 2 x 2^16 x 2^15 = 2^32 here.
+  rounds, s, n_buckets = 2, 2**16, 2**15
+  buckets = np.random.default_rng(0).integers(0, n_buckets + 1, (1, 1, rounds, s)).astype(np.int32)
+  order, undo = jax.jit(lsh.sort_by_bucket, static_argnums=1)(jnp.asarray(buckets), n_buckets)
+  flat = buckets.reshape(-1)
+  want = np.lexsort((np.arange(rounds * s), flat, np.repeat(np.arange(rounds), s)))
+  np.testing.assert_array_equal(np.asarray(order)[0, 0], want)
+  np.testing.assert_array_equal(np.asarray(order)[0, 0][np.asarray(undo)[0, 0]], np.arange(rounds * s))
+
+
+def test_lsh_keeps_packed_examples_apart():
+  # Queries and keys fixed (so are the buckets and chunks); the second example's values changed: the first
+  # example's outputs stay, to the bit.
+  _, c = _configs("lsh", num_hashes=2, num_buckets=4, lsh_num_chunks_before=1, lsh_num_chunks_after=1)
+  qk, v = jax.random.normal(jax.random.key(0), (2, 1, 2, 32, HEAD_DIM))
+  groups = jnp.asarray([[1] * 12 + [2] * 14 + [0] * 6])
+  run = jax.jit(lambda v: lsh.lsh_attention(qk, v, groups, lsh.seeded_rotations(c, 32), (4,), CHUNK, 1, 1, False,
+                                            lambda p: p)[0])
+  first = np.asarray(run(v))[0, :, :12]
+  np.testing.assert_array_equal(np.asarray(run(v.at[:, :, 12:26].multiply(-3.0)))[0, :, :12], first)
+  assert np.abs(np.asarray(run(v.at[:, :, :12].multiply(-3.0)))[0, :, :12] - first).max() > 1e-3
 
 
 def test_local_attention_wraps_around_and_keeps_packed_examples_apart():

@@ -16,7 +16,7 @@ from bertjax.core import sharding as sh
 from bertjax.model import ffn as ffn_lib
 from bertjax.model import kinds, lsra, mha, norms, positions as position_kinds  # noqa: F401  (built-in kinds register on import)
 from bertjax.model import complex_order, constituent  # noqa: F401  (ICLR-2020 variants: docs/models.md)
-from bertjax.model import chunked  # noqa: F401  (Reformer's attentions: docs/models.md)
+from bertjax.model import chunked, lsh  # noqa: F401  (Reformer's attentions: docs/models.md)
 from bertjax.model.hparams import EncoderConfig
 from bertjax.model.layers import Block, rows_at
 
