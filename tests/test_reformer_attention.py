@@ -5,16 +5,20 @@ read each other; the per-layer pattern of kinds (bertjax.model.per_layer); fused
 
 from unittest import mock
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from flax import linen as nn
 from transformers import ReformerConfig
 from transformers.models.reformer import modeling_reformer as hf_reformer
 
 from bertjax.core.errors import UserError
-from bertjax.model import chunked, lsh
+from bertjax.model import chunked, layer, lsh, per_layer
+from bertjax.model.encoder import Encoder
 from bertjax.model.hparams import EncoderConfig
 from bertjax.train import build
 from conftest import micro
@@ -157,4 +161,59 @@ def test_local_attention_wraps_around_and_keeps_packed_examples_apart():
 def test_fused_attention_is_refused_in_one_line():
   config = micro(**{"model.attention_kind": "local", "model.attention": "cudnn"})
   with pytest.raises(UserError, match="model.attention_kind=local has no fused kernel.*model.attention=xla"):
+    build.validate(config)
+
+
+def _pattern_config(num_layers, **kw):
+  """A tiny pre-norm encoder of local and lsh layers in turn."""
+  return EncoderConfig(vocab_size=10, hidden_size=H, num_layers=num_layers, num_heads=HEADS, intermediate_size=32,
+                       embedding_size=H, head_size=HEAD_DIM, attention_kind="per_layer", attn_layers=("local", "lsh"),
+                       norm="pre", dropout=0.0, attention_dropout=0.0, local_attn_chunk_length=CHUNK,
+                       lsh_attn_chunk_length=CHUNK, num_buckets=(4,), num_hashes=2, **kw)
+
+
+def _one_by_one(c, params, x, groups):
+  """The encoder's layers as separate Layer modules of their own kinds, layer i from step i // P, slot i % P."""
+  carry, p = (x, x), per_layer.period(c)
+  for i in range(c.num_layers):
+    slot = jax.tree.map(lambda a: a[i // p], params[str(i % p)])
+    one = layer.Layer(dataclasses.replace(c, attention_kind=c.attn_layers[i % p]))
+    (carry, _), _ = one.apply({"params": slot}, (carry, None), i, groups, {}, None, None)
+  return carry[1]
+
+
+@pytest.mark.parametrize("num_layers", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4: two rolled scan steps
+def test_a_per_layer_pattern_scans_its_period_and_equals_its_layers_run_one_by_one(num_layers):
+  c = _pattern_config(num_layers, hash_seed=1, scan_unroll=1)
+  x = jax.random.normal(jax.random.key(0), (2, 32, H))
+  groups = jnp.ones((2, 32), jnp.int32).at[1, -5:].set(0)
+  # Random parameters of the initializer's shapes (an init compile costs twice an apply's).
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: jnp.asarray(rng.normal(0, 0.3, s.shape), jnp.float32),
+                        nn.unbox(jax.eval_shape(Encoder(c).init, jax.random.key(1), x, groups)))
+  layers = params["params"]["layers"]
+  # Scan steps of [local, lsh]: each slot holds its own kind's parameters only, stacked per step.
+  assert sorted(layers["0"]["attention"]) == ["key", "output", "query", "value"]
+  assert sorted(layers["1"]["attention"]) == ["output", "query_key", "value"]
+  assert layers["1"]["attention"]["query_key"]["kernel"].shape == (num_layers // 2, H, HEADS, HEAD_DIM)
+  got = jax.jit(Encoder(c).apply)(params, x, groups)
+  want = jax.jit(lambda p, x, g: _one_by_one(c, p, x, g))(layers, x, groups)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+
+
+def test_the_pattern_period_and_its_checks():
+  enwik8 = ("local", "local", "lsh", "local") * 3  # transformers' reformer-enwik8 attn_layers
+  c = EncoderConfig(vocab_size=10, hidden_size=H, num_layers=12, num_heads=HEADS, intermediate_size=32,
+                    embedding_size=H, attention_kind="per_layer", attn_layers=enwik8)
+  assert per_layer.period(c) == 4
+  assert per_layer.period(dataclasses.replace(c, attn_layers=("lsh",) + ("local",) * 11)) == 12
+  assert per_layer.period(dataclasses.replace(c, attn_layers=("local", "lsh"))) == 2
+  config = micro(**{"model.attention_kind": "per_layer", "model.attn_layers": "local,lsh,local"})
+  with pytest.raises(UserError, match="model.attn_layers='local,lsh,local'; give a comma-separated list whose"):
+    build.validate(config)
+  config = micro(**{"model.attn_layers": "local,lsh"})
+  with pytest.raises(UserError, match="for model.attention_kind=per_layer only"):
+    build.validate(config)
+  config = micro(**{"model.attention_kind": "per_layer", "model.attn_layers": "local,lsh", "model.num_buckets": "6,3"})
+  with pytest.raises(UserError, match="model.num_buckets='6,3'.*even"):
     build.validate(config)

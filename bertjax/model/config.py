@@ -103,6 +103,8 @@ def _validate_kinds(m):
   """The kinds of the encoder's parts (bertjax.model.kinds: each family's key names a registered kind, and each
   kind checks its own options: rope's head width, the pattern of local layers) and the init scheme."""
   kinds.check(m)
+  check(not m.attn_layers or m.attention_kind == "per_layer", f"model.attn_layers={m.attn_layers!r} names each "
+        "layer's attention kind for model.attention_kind=per_layer only; set it, or clear attn_layers")
   check(m.init in ("bert", "modernbert"), f"model.init={m.init!r}; use bert or modernbert")
   check(not m.trigram_input or m.embedding_transformation,
         "model.trigram_input=True concatenates 3 embeddings that only the embeddings' projection maps to H; "

@@ -32,6 +32,11 @@ class Kind:
   def check(self, m) -> None:
     """Checks the model section's values this kind reads; raises UserError with the fix."""
 
+  def family(self, m) -> str | None:
+    """The transformers family of this kind for the model section `m`: `hf_family` (a kind made of other kinds,
+    bertjax.model.per_layer, answers theirs)."""
+    return self.hf_family
+
 
 def register(family: str, name: str):
   """Class decorator: registers an instance of the class as `name` among the kinds of `family`."""
@@ -80,7 +85,7 @@ def check(m) -> None:
 def hf_family(m) -> str | None:
   """The transformers family the chosen kinds demand (None: they leave it to the rest of the model); a model
   whose kinds have no transformers family, or two different ones, gets a one-line UserError."""
-  wanted = {k.hf_family: f"model.{KEYS[f]}={k.name}" for f, k in chosen(m).items() if k.hf_family is not None}
+  wanted = {k.family(m): f"model.{KEYS[f]}={k.name}" for f, k in chosen(m).items() if k.family(m) is not None}
   if "" in wanted:
     raise UserError(f"{wanted['']} has no transformers equivalent, so this model has no HF export")
   if len(wanted) > 1:
