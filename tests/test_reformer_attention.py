@@ -16,7 +16,9 @@ from flax import linen as nn
 from transformers import ReformerConfig
 from transformers.models.reformer import modeling_reformer as hf_reformer
 
+from bertjax.core import sharding
 from bertjax.core.errors import UserError
+from bertjax.data.tokenizer import SPM_SPECIAL
 from bertjax.model import chunked, layer, lsh, per_layer
 from bertjax.model.encoder import Encoder
 from bertjax.model.hparams import EncoderConfig
@@ -217,3 +219,30 @@ def test_the_pattern_period_and_its_checks():
   config = micro(**{"model.attention_kind": "per_layer", "model.attn_layers": "local,lsh", "model.num_buckets": "6,3"})
   with pytest.raises(UserError, match="model.num_buckets='6,3'.*even"):
     build.validate(config)
+
+
+@pytest.mark.slow  # a train-step compile (~20 s on two cores); the blocks are checked against transformers above
+def test_local_and_lsh_layers_train_on_padded_rows():
+  config = micro(batch_size=4, seq_len=32, **{"model.attention_kind": "per_layer", "model.attn_layers": "local,lsh",
+                                              "model.local_attn_chunk_length": 8, "model.lsh_attn_chunk_length": 8,
+                                              "model.num_buckets": "4", "model.num_hashes": 2,
+                                              "model.local_num_chunks_after": 1, "model.lsh_num_chunks_after": 1})
+  build.validate(config)
+  steps = build.make_steps(config, sharding.make_mesh("dp", devices=jax.devices()[:1]), SPM_SPECIAL)
+  state = steps.init(jax.random.key(0))
+  layers = state.params["encoder"]["layers"]
+  assert set(layers) == {"0", "1"} and "query_key" in layers["1"]["attention"]
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, config.model.vocab_size, (4, 32)).astype(np.int32)
+  groups = np.repeat(np.array([[1] * 28 + [0] * 4]), 4, axis=0).astype(np.int32)
+  batch = dict(input_ids=ids, type_ids=np.zeros_like(ids), word_start=rng.random((4, 32)) < 0.7, groups=groups,
+               position_ids=np.arange(32)[None].repeat(4, 0).astype(np.int32),
+               sentence_label=np.zeros(4, np.int32), example_weight=np.ones(4, np.float32))
+  before = jax.tree.map(np.asarray, layers)
+  for _ in range(2):  # the first step's learning rate is 0 (warmup)
+    state, metrics = steps.train(state, batch)
+    assert np.isfinite(float(metrics["loss"].compute()))
+  after = state.params["encoder"]["layers"]
+  for slot, name in (("0", "key"), ("1", "query_key"), ("1", "value")):
+    assert not np.array_equal(before[slot]["attention"][name]["kernel"],
+                              np.asarray(after[slot]["attention"][name]["kernel"])), (slot, name)

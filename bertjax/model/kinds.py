@@ -6,7 +6,7 @@ the config checks ask the kind, and never test its name. Which config key select
 
 | family      | EncoderConfig / model key | built-in kinds (module)                         |
 |-------------|---------------------------|-------------------------------------------------|
-| `attention` | `attention_kind`          | `mha` (bertjax.model.mha), `lsra` (.lsra), `constituent` (.constituent), `complex_order` (.complex_order) |
+| `attention` | `attention_kind`          | `mha` (bertjax.model.mha), `lsra` (.lsra), `constituent` (.constituent), `complex_order` (.complex_order), `local` (.chunked), `lsh` (.lsh), `per_layer` (.per_layer) |
 | `position`  | `position`                | `learned`, `rope` (bertjax.model.positions), `complex_order` (.complex_order) |
 | `norm`      | `norm`                    | `post`, `pre` (bertjax.model.norms), `nonorm` (.nonorm) |
 | `ffn`       | `ffn`                     | `mlp`, `geglu` (bertjax.model.ffn)              |
