@@ -142,6 +142,29 @@ def test_lsh_keeps_packed_examples_apart():
   assert np.abs(np.asarray(run(v.at[:, :, :12].multiply(-3.0)))[0, :, :12] - first).max() > 1e-3
 
 
+def test_rotations_are_drawn_per_layer_and_step_or_fixed_by_hash_seed():
+  _, c = _configs("lsh", num_hashes=1, num_buckets=8)  # hash_seed -1: transformers' None
+  x, groups = jax.random.normal(jax.random.key(0), (1, 32, H)), jnp.ones((1, 32), jnp.int32)
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: jnp.asarray(rng.normal(0, 0.3, s.shape), jnp.float32),
+                        nn.unbox(jax.eval_shape(lsh.LSHAttention(c).init, jax.random.key(1), x, groups)))
+
+  def buckets(c, deterministic=True):
+    def run(layer_index, key):
+      _, sown = lsh.LSHAttention(c, deterministic).apply(params, x, groups, layer_index=layer_index,
+                                                         rngs={"dropout": key}, mutable="intermediates")
+      return sown["intermediates"]["buckets"][0]
+    run = jax.jit(run)
+    return lambda i, seed=0: np.asarray(run(i, jax.random.key(seed)))
+
+  evaluate, train = buckets(c), buckets(c, deterministic=False)
+  np.testing.assert_array_equal(evaluate(0), evaluate(0))  # evaluation: the layer's own rotations, every time
+  assert not np.array_equal(evaluate(0), evaluate(1))
+  assert not np.array_equal(train(0, seed=1), train(0, seed=2))  # training: new rotations from each step's key
+  seeded = buckets(dataclasses.replace(c, hash_seed=5), deterministic=False)
+  np.testing.assert_array_equal(seeded(0, seed=1), seeded(1, seed=2))  # hash_seed: one R for every layer and step
+
+
 def test_local_attention_wraps_around_and_keeps_packed_examples_apart():
   _, c = _configs("local", local_num_chunks_before=1, local_num_chunks_after=0)
   block = chunked.LocalAttention(c)
@@ -163,6 +186,12 @@ def test_local_attention_wraps_around_and_keeps_packed_examples_apart():
 def test_fused_attention_is_refused_in_one_line():
   config = micro(**{"model.attention_kind": "local", "model.attention": "cudnn"})
   with pytest.raises(UserError, match="model.attention_kind=local has no fused kernel.*model.attention=xla"):
+    build.validate(config)
+  config = micro(**{"model.attention_kind": "per_layer", "model.attn_layers": "local,lsh", "model.attention": "splash"})
+  with pytest.raises(UserError, match="model.attention_kind=local has no fused kernel"):
+    build.validate(config)
+  config = micro(**{"model.causal": True})
+  with pytest.raises(UserError, match="model.causal=True masks later keys in the local and lsh"):
     build.validate(config)
 
 
