@@ -140,6 +140,11 @@ def test_lsh_keeps_packed_examples_apart():
   first = np.asarray(run(v))[0, :, :12]
   np.testing.assert_array_equal(np.asarray(run(v.at[:, :, 12:26].multiply(-3.0)))[0, :, :12], first)
   assert np.abs(np.asarray(run(v.at[:, :, :12].multiply(-3.0)))[0, :, :12] - first).max() > 1e-3
+  # Buckets passed in (a reversible recompute's) are used instead of hashing.
+  given = jax.jit(lambda b: lsh.lsh_attention(qk, v, groups, None, (4,), CHUNK, 1, 1, False, lambda p: p, b))
+  out, buckets = given(lsh.hash_buckets(qk, lsh.seeded_rotations(c, 32), groups, (4,)))
+  np.testing.assert_array_equal(np.asarray(out)[0, :, :12], first)
+  assert np.abs(np.asarray(given((buckets + 1) % 4)[0])[0, :, :12] - first).max() > 1e-3
 
 
 def test_rotations_are_drawn_per_layer_and_step_or_fixed_by_hash_seed():
