@@ -19,7 +19,7 @@ from transformers.models.reformer import modeling_reformer as hf_reformer
 from bertjax.core import sharding
 from bertjax.core.errors import UserError
 from bertjax.data.tokenizer import SPM_SPECIAL
-from bertjax.model import chunked, layer, lsh, per_layer
+from bertjax.model import chunked, kinds, layer, lsh, per_layer
 from bertjax.model.encoder import Encoder
 from bertjax.model.hparams import EncoderConfig
 from bertjax.train import build
@@ -244,6 +244,11 @@ def test_the_pattern_period_and_its_checks():
   assert per_layer.period(c) == 4
   assert per_layer.period(dataclasses.replace(c, attn_layers=("lsh",) + ("local",) * 11)) == 12
   assert per_layer.period(dataclasses.replace(c, attn_layers=("local", "lsh"))) == 2
+  # FLOPs per token are each layer's kind's; hand counts for H = 16 (2 x 8), 32 tokens, chunks of 8 and the one
+  # before: local 4 projections 2 x 4 x 16 x 16 + scores and values over 16 keys 2 x 2 x 16 x 16 = 3072; lsh
+  # 3 projections 1536 + rotations 2 x 16 x 2 rounds x 2 + 2 rounds x 2 x 2 x 16 x 16 = 3712.
+  pattern = _pattern_config(2)
+  assert [kinds.of(pattern, "attention").forward_flops(pattern, 32, i) for i in (0, 1)] == [3072, 3712]
   config = micro(**{"model.attention_kind": "per_layer", "model.attn_layers": "local,lsh,local"})
   with pytest.raises(UserError, match="model.attn_layers='local,lsh,local'; give a comma-separated list whose"):
     build.validate(config)

@@ -191,5 +191,5 @@ class LSH(Chunked):
     if seq_len <= c.lsh_attn_chunk_length:
       return 2 * 3 * c.hidden_size * inner + 2 * 2 * seq_len * inner
     keys = c.lsh_attn_chunk_length * (1 + c.lsh_num_chunks_before + c.lsh_num_chunks_after)
-    rotation = 2 * inner * c.num_hashes * sum(bucket_factors(c, seq_len)) // 2
+    rotation = 2 * inner * c.num_hashes * (sum(bucket_factors(c, seq_len)) // 2)  # [head_dim] x [rounds x rot / 2]
     return 2 * 3 * c.hidden_size * inner + rotation + c.num_hashes * 2 * 2 * keys * inner
