@@ -36,6 +36,13 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       constituent_renormalize=m.constituent_renormalize,
       complex_positions=m.complex_positions, tree_max_horiz=m.get("tree_max_horiz", 100),
       tree_max_vert=m.get("tree_max_vert", 1024), tree_vertical=m.get("tree_vertical", "depth"),
+      attn_layers=config_lib.names_list(m.attn_layers), causal=m.causal,
+      local_attn_chunk_length=m.local_attn_chunk_length, local_num_chunks_before=m.local_num_chunks_before,
+      local_num_chunks_after=m.local_num_chunks_after, local_attention_dropout=m.local_attention_dropout,
+      lsh_attn_chunk_length=m.lsh_attn_chunk_length, lsh_num_chunks_before=m.lsh_num_chunks_before,
+      lsh_num_chunks_after=m.lsh_num_chunks_after, lsh_attention_dropout=m.lsh_attention_dropout,
+      num_hashes=m.num_hashes, num_buckets=config_lib.ints_list(m.num_buckets, "model.num_buckets"),
+      hash_seed=m.hash_seed,
       dense_grad=dense_grad(m.get("dense_grad", "xla"), platform or jax.default_backend()))
 
 
@@ -97,6 +104,8 @@ def _validate_kinds(m):
   """The kinds of the encoder's parts (bertjax.model.kinds: each family's key names a registered kind, and each
   kind checks its own options: rope's head width, the pattern of local layers) and the init scheme."""
   kinds.check(m)
+  check(not m.attn_layers or m.attention_kind == "per_layer", f"model.attn_layers={m.attn_layers!r} names each "
+        "layer's attention kind for model.attention_kind=per_layer only; set it, or clear attn_layers")
   check(m.init in ("bert", "modernbert"), f"model.init={m.init!r}; use bert or modernbert")
   check(not m.trigram_input or m.embedding_transformation,
         "model.trigram_input=True concatenates 3 embeddings that only the embeddings' projection maps to H; "

@@ -18,7 +18,7 @@ from flax import linen as nn
 from bertjax.core import sharding as sh
 from bertjax.model import kinds, layer_kinds  # noqa: F401  (layer_kinds: the built-in kinds register)
 from bertjax.model.hparams import EncoderConfig, layers_per_iteration, QUANT_RANGES, REMAT_POLICIES
-from bertjax.model.layer import shared_blocks, stacked_init
+from bertjax.model.layer import layers_per_step, per_step, scan_unit, shared_blocks, stacked_init
 from bertjax.model.layers import Block, dense, rows_at
 
 
@@ -39,7 +39,7 @@ class Encoder(Block):
       out = self.split_stack(layer, carry, mask, shared, head_gates, positions, outputs_at)
     else:
       out, _ = scan_layers(layer, c, c.num_layers)(c, self.deterministic, name="layers")(
-          carry, jnp.arange(c.num_layers), mask, shared, head_gates, positions)
+          carry, per_step(c, jnp.arange(c.num_layers)), mask, shared, per_step(c, head_gates), positions)
       if outputs_at is not None:
         out = jax.tree.map(lambda h: rows_at(h, outputs_at), out[0]), None
     return kinds.of(c, "norm").output(out[0])
@@ -94,14 +94,14 @@ def remat(layer, c: EncoderConfig):
 
 
 def scan_layers(layer, c: EncoderConfig, length: int, broadcast: int = 0):
-  """`length` layers under nn.scan: params stacked on a `layers` axis, dropout keys split, `broadcast` args shared."""
+  """`length` layers under nn.scan (`layers_per_step` a step): params stacked, dropout split, `broadcast` shared."""
   return nn.scan(
-      layer,
+      scan_unit(c, layer),
       variable_axes={"params": 0, "intermediates": 0, QUANT_RANGES: 0},
       split_rngs={"params": True, "dropout": True},
       in_axes=(0, nn.broadcast, nn.broadcast, 0, nn.broadcast) + (nn.broadcast,) * broadcast,
-      length=length,
+      length=length // layers_per_step(c),
       metadata_params={nn.PARTITION_NAME: sh.LAYERS},
-      unroll=min(layers_per_iteration(c), length),
+      unroll=min(layers_per_iteration(c), length // layers_per_step(c)),
   )
 

@@ -151,6 +151,16 @@ class AttentionKind(kinds.Kind):
     """What every layer's attention block takes besides its input, from the rows' groups [B, S]."""
     raise NotImplementedError
 
+  def layers_per_step(self, c) -> int:
+    """Consecutive layers one step of the layer scan runs, each with parameters of its own: 1 (every layer
+    alike), or a per-layer pattern's period (bertjax.model.per_layer)."""
+    return 1
+
+  def scan_unit(self, c, layer):
+    """The module one step of the layer scan runs, from the layer kind's module `layer`: itself when
+    layers_per_step is 1."""
+    return layer
+
   def forward_flops(self, c, seq_len: int, layer: int) -> float:
     """Forward matmul FLOPs per token of layer `layer`'s attention."""
     raise NotImplementedError
@@ -164,6 +174,8 @@ class MHA(AttentionKind):
   computes_rows = True  # the xla implementation computes only the queries asked for (Encoder.split_stack)
 
   def check(self, m):
+    check(not m.causal, "model.causal=True masks later keys in the local and lsh attention kinds only; "
+          f"model.attention_kind={m.attention_kind} attends both ways: set --config.model.causal=False")
     check(m.local_window >= 0 and m.global_every >= 1,
           f"model.local_window={m.local_window} must be >= 0 and model.global_every={m.global_every} >= 1")
     if m.layer_types:
