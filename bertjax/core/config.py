@@ -331,8 +331,7 @@ def names_list(text) -> tuple:
 
 
 def ints_list(text, key: str) -> tuple:
-  """A comma-separated config value of integers ("8,16"; "" is empty) as a tuple; anything else is a one-line
-  UserError naming `key`."""
+  """A comma-separated config value of integers ("8,16"; "" is empty) as a tuple; else a UserError naming `key`."""
   try:
     return tuple(int(t) for t in names_list(text))
   except ValueError:
