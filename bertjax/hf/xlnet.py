@@ -5,7 +5,7 @@ weight names, and the configs bertjax refuses rather than approximates.
 The weights map one to one: transformers keeps q, k, v, o, r as [d_model, n_head, d_head] parameters (so do we),
 the three relative biases and seg_embed per layer (`untie_r` true, the only form transformers has), and Linear
 weights [out, in] (ours [in, out]). bertjax stacks the layers on a leading axis (`transformer/layer/...`).
-mask_emb is [1, 1, d] there and [d] here. The LM weight is tied to the word embedding; its bias is `lm_bias`.
+mask_emb is [1, 1, d] there and [d] here. The LM weight is tied to the word embedding; its bias is `lm_loss/bias`.
 """
 
 import json
@@ -15,6 +15,7 @@ import numpy as np
 
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
+from bertjax.model import memory
 
 ARCHITECTURES = {"lm": "XLNetLMHeadModel", "base": "XLNetModel", "classifier": "XLNetForSequenceClassification",
                  "span": "XLNetForQuestionAnsweringSimple"}
@@ -29,7 +30,7 @@ LAYER = [(f"rel_attn/{n}", f"rel_attn.{n}", False) for n in ATTENTION] + [
     ("ff/layer_1/kernel", "ff.layer_1.weight", True), ("ff/layer_1/bias", "ff.layer_1.bias", False),
     ("ff/layer_2/kernel", "ff.layer_2.weight", True), ("ff/layer_2/bias", "ff.layer_2.bias", False)]
 HEADS = {  # per model kind: (bertjax path, transformers name, transposed)
-    "lm": [("lm_bias", "lm_loss.bias", False)],
+    "lm": [("lm_loss/bias", "lm_loss.bias", False)],
     "base": [],
     "classifier": [("summary/kernel", "sequence_summary.summary.weight", True),
                    ("summary/bias", "sequence_summary.summary.bias", False),
@@ -101,9 +102,7 @@ def config_from_hf(hf: dict):
   section = model_section(hf)
   x = section.pop("xlnet")
   c.model.update(section)
-  c.model.xlnet = dict(mem_len=0, reuse_len=0, clamp_len=-1, bi_data=False, attn_type="bi", cmem_len=0,
-                       cmem_rate=1, cmem_fn="mean", zeros_visible=False)
-  c.model.xlnet.update(x)
+  c.model.xlnet = memory.section(**x)
   return c
 
 

@@ -54,6 +54,11 @@ class MemoryConfig:
     return self.cmem_len + self.mem_len
 
 
+def section(**values) -> dict:
+  """A config.model.xlnet section: MemoryConfig's defaults with `values` (configs/xlnet.py, HF import)."""
+  return dataclasses.asdict(MemoryConfig(**values))
+
+
 def memory_config(x) -> MemoryConfig:
   """The MemoryConfig of a config.model.xlnet section (absent keys keep their defaults)."""
   keys = {f.name for f in dataclasses.fields(MemoryConfig)}

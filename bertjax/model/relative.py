@@ -37,8 +37,9 @@ def relative_positions(qlen: int, klen: int, attn_type: str = "bi", clamp_len: i
 
 def positional_encoding(qlen: int, klen: int, d_model: int, batch: int, attn_type: str = "bi",
                         clamp_len: int = -1, bi_data: bool = False):
-  """[1, R, d_model] (or [batch, R, d_model] with bi_data: the first half of the batch forward distances, the
-  second half negated, as the reference's bidirectional data pipeline feeds reversed streams there)."""
+  """[1, R, d_model] (or [batch, R, d_model] with bi_data: the first batch // 2 rows forward distances, the rest
+  negated, as the reference's bidirectional data pipeline feeds reversed streams there; a run's batch per
+  device is even, transformers requires it)."""
   pos = relative_positions(qlen, klen, attn_type, clamp_len)
   fwd = sinusoid(pos, d_model)[None]
   if not bi_data:

@@ -175,8 +175,6 @@ class XLNet(Block):
     rows = mc.push_rows(s)
     if memory is not None and mc.cmem_len and rows % mc.cmem_rate:
       raise UserError(f"model.xlnet.cmem_rate={mc.cmem_rate} must divide the {rows} rows each segment pushes")
-    if mc.bi_data and b % 2:
-      raise UserError(f"model.xlnet.bi_data=True splits the batch in halves: use an even batch, not {b}")
     key_valid = memory_lib.key_valid(memory, b, mc)
     slots = key_valid.shape[1]
     penalty_h, penalty_g = relative.stream_penalties(s, key_valid, attention_mask, perm_mask, mc.attn_type)

@@ -3,7 +3,7 @@ XLNetForQuestionAnsweringSimple) and the `xlnet` layer kind that makes a config 
 options in `model.xlnet`) build them.
 
 Every model holds the transformer as `transformer` (bertjax.model.xlnet.XLNet) and takes its inputs (see
-XLNet's docstring); the LM head is the word embedding (tied) plus its own bias `lm_bias`; the sequence summary
+XLNet's docstring); the LM head is the word embedding (tied) plus its own bias `lm_loss/bias`; the sequence summary
 takes the last position's hidden state (XLNet puts <cls> last), or `cls_index`, through Linear-tanh-dropout,
 then `logits_proj`; the simple span head is one Linear to (start, end).
 """
@@ -19,6 +19,17 @@ from bertjax.model.layer_kinds import LayerKind
 from bertjax.model.layers import dense, rows_at, zeros_init
 from bertjax.model.memory import MemoryConfig
 from bertjax.model.xlnet import XLNet, XLNetLayer
+
+
+class LMBias(nn.Module):
+  """The LM head's own bias (transformers' lm_loss.bias; named `bias` so weight decay skips it, as the
+  reference's optimizer skips every bias)."""
+
+  size: int
+
+  @nn.compact
+  def __call__(self, logits):
+    return logits + self.param("bias", zeros_init((sh.VOCAB,)), (self.size,))
 
 
 class XLNetLMHeadModel(nn.Module):
@@ -38,7 +49,12 @@ class XLNetLMHeadModel(nn.Module):
   @property
   def networks(self) -> dict:
     """One network: what a checkpoint's manifest records."""
-    return {"xlnet": ["transformer", "lm_bias"]}
+    return {"xlnet": ["transformer", "lm_loss"]}
+
+  @staticmethod
+  def base_model(params):
+    """The parameters transformers' XLNetModel holds (the LM head's bias aside)."""
+    return params["transformer"]
 
   def train_flops_per_token(self, seq_len: int, max_predictions: int, wso_positions: int = 0) -> float:
     """3x the forward matmul FLOPs per token (bertjax.model.flops' convention), memory keys included, the LM head
@@ -48,7 +64,7 @@ class XLNetLMHeadModel(nn.Module):
 
   def setup(self):
     self.transformer = XLNet(self.cfg, self.deterministic, self.mc)
-    self.lm_bias = self.param("lm_bias", zeros_init((sh.VOCAB,)), (self.cfg.vocab_size,))
+    self.lm_loss = LMBias(self.cfg.vocab_size)
 
   def __call__(self, batch, memory=None):
     return self.forward(batch["input_ids"], batch.get("type_ids"), batch.get("groups"), batch.get("perm_mask"),
@@ -56,7 +72,7 @@ class XLNetLMHeadModel(nn.Module):
 
   def forward(self, input_ids, type_ids=None, attention_mask=None, perm_mask=None, target_mapping=None, memory=None):
     out = self.transformer(input_ids, type_ids, attention_mask, perm_mask, target_mapping, memory)
-    logits = self.transformer.lm_logits(out["hidden"]) + self.lm_bias
+    logits = self.lm_loss(self.transformer.lm_logits(out["hidden"]))
     return dict(logits=logits, memory=out["memory"], cmem_loss=out["cmem_loss"])
 
 
