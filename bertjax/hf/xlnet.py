@@ -15,7 +15,7 @@ import numpy as np
 
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
-from bertjax.model import memory
+from bertjax.model import config as model_config, memory, xlnet_models
 
 ARCHITECTURES = {"lm": "XLNetLMHeadModel", "base": "XLNetModel", "classifier": "XLNetForSequenceClassification",
                  "span": "XLNetForQuestionAnsweringSimple"}
@@ -177,3 +177,45 @@ def read_config(hf_dir: str) -> dict:
     raise UserError(f"no config.json at {path}; point --hf_dir at an HF checkpoint directory")
   with open(path) as f:
     return json.load(f)
+
+
+def model_for(config, kind: str, num_labels: int = 2, deterministic: bool = True):
+  """The flax model of an XLNet `kind` (lm, base, classifier, span) for a bertjax config."""
+  cfg, mc = model_config.encoder_config(config.model), memory.memory_config(config.model.xlnet)
+  if kind == "lm":
+    return xlnet_models.XLNetLMHeadModel(cfg, mc, deterministic)
+  if kind == "classifier":
+    return xlnet_models.XLNetSequenceClassifier(cfg, num_labels, mc, deterministic=deterministic)
+  if kind == "span":
+    return xlnet_models.XLNetSpanHead(cfg, mc, deterministic)
+  return xlnet_models.XLNetBase(cfg, mc, deterministic)
+
+
+def read(hf: dict, tensors: dict):
+  """(bertjax config, kind, params of that kind's model with `transformer` at the top, num_labels, unused
+  tensors) of an XLNet checkpoint's config.json and state dict."""
+  config = config_from_hf(hf)
+  kind = kind_of(hf, tensors)
+  params = params_from_hf(tensors, config.model.num_layers, kind)
+  p = _prefix(tensors)
+  used = {p + "word_embedding.weight", p + "mask_emb", "lm_loss.weight"}
+  used |= {f"{p}layer.{i}.{name}" for i in range(config.model.num_layers) for _, name, _ in LAYER}
+  used |= {name for _, name, _ in HEADS[kind]}
+  num_labels = int(params["logits_proj"]["bias"].shape[0]) if kind == "classifier" else 2
+  return config, kind, params, num_labels, sorted(set(tensors) - used)
+
+
+def lm_params(params: dict, vocab_size: int) -> dict:
+  """XLNetLMHeadModel params from any kind's (the LM bias zero where the checkpoint has none)."""
+  bias = params.get("lm_loss", {}).get("bias")
+  return {"transformer": params["transformer"],
+          "lm_loss": {"bias": np.zeros(vocab_size, np.float32) if bias is None else bias}}
+
+
+def export(config, params, kind: str, special=None, num_labels: int = 2):
+  """(config.json, state dict) of an XLNet `kind` from bertjax params ({"transformer": ..., heads})."""
+  params = {k: v for k, v in params.items()}
+  if kind == "classifier":
+    num_labels = int(np.asarray(params["logits_proj"]["bias"]).shape[0])
+  hf = to_hf(config, kind, special, num_labels)
+  return hf, params_to_hf(params, config.model.num_layers, kind)

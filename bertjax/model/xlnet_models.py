@@ -76,6 +76,20 @@ class XLNetLMHeadModel(nn.Module):
     return dict(logits=logits, memory=out["memory"], cmem_loss=out["cmem_loss"])
 
 
+class XLNetBase(nn.Module):
+  """transformers' XLNetModel with `transformer` at the top of its params, as every XLNet model here has it:
+  __call__ takes XLNet.__call__'s inputs and returns its dict."""
+
+  cfg: EncoderConfig
+  mc: MemoryConfig = MemoryConfig()
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, input_ids, type_ids=None, attention_mask=None, perm_mask=None, target_mapping=None, memory=None):
+    return XLNet(self.cfg, self.deterministic, self.mc, name="transformer")(
+        input_ids, type_ids, attention_mask, perm_mask, target_mapping, memory)
+
+
 class XLNetSequenceClassifier(nn.Module):
   """transformers' XLNetForSequenceClassification (summary_type last, summary_use_proj, tanh, last dropout).
   __call__(input_ids, type_ids, attention_mask, cls_index=None, memory=None) -> logits [B, num_labels]; with
