@@ -156,3 +156,32 @@ def test_published_parameter_counts():
     config = config_lib.load(os.path.join(os.path.dirname(__file__), "..", "configs", "xlnet.py") + f":{arg}")
     shapes = build.param_shapes(config)
     assert (count(shapes), count(shapes["transformer"])) == (lm, base), arg
+
+
+def test_sentencepiece_tokenizer_through_hf_dir(tmp_path):
+  """XLNet's tokenizer (a SentencePiece model trained here on Python's docs, read as XLNetTokenizer) through
+  hf:DIR: transformers' ids and segment ids (A <sep> B <sep> <cls>: 0, 1, 2) and special ids."""
+  import json
+  import shutil
+
+  import pydoc_data.topics
+  import sentencepiece as spm
+
+  from bertjax.data.tokenizer_spec import load_tokenizer
+
+  lines = "\n".join(list(pydoc_data.topics.topics.values())[:40]).splitlines()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(lines), model_prefix=str(tmp_path / "sp"), vocab_size=300, character_coverage=1.0,
+      control_symbols=["<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>"], pad_id=-1, minloglevel=2)
+  d = tmp_path / "hf"
+  d.mkdir()
+  shutil.copy(tmp_path / "sp.model", d / "spiece.model")
+  (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLNetTokenizer"}))
+  ref, tok = transformers.AutoTokenizer.from_pretrained(str(d)), load_tokenizer(f"hf:{d}")
+  a, b = "The print statement writes text.", "Lists are mutable sequences."
+  want = ref(a, b, return_token_type_ids=True)
+  assert tok.encode_pair(a, b, 64) == (want["input_ids"], want["token_type_ids"])
+  assert want["token_type_ids"][-1] == 2 and want["input_ids"][-1] == ref.cls_token_id
+  s = tok.special
+  assert (s.cls, s.sep, s.pad, s.mask, s.unk) == (ref.cls_token_id, ref.sep_token_id, ref.pad_token_id,
+                                                  ref.mask_token_id, ref.unk_token_id)
