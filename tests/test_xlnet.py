@@ -92,6 +92,23 @@ def test_lm_logits_and_memory_equal_transformers_over_three_segments(tiny):
     np.testing.assert_allclose(np.asarray(memory["mem"])[:, :, -mlen:], mems.transpose(0, 2, 1, 3), atol=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("attn_type,bi_data,clamp_len", [("uni", False, -1), ("bi", True, 3), ("uni", True, 2)])
+def test_attention_types_bi_data_and_clamp_equal_transformers(attn_type, bi_data, clamp_len):
+  torch.manual_seed(0)
+  hf_model = transformers.XLNetLMHeadModel(transformers.XLNetConfig(
+      **dict(HF_TINY, attn_type=attn_type, bi_data=bi_data, clamp_len=clamp_len))).eval()
+  state = {k: v.detach().numpy() for k, v in hf_model.state_dict().items()}
+  config, _, params, _, _ = hx.read(hf_model.config.to_dict(), state)
+  mc = memory_lib.memory_config(config.model.xlnet)
+  assert (mc.attn_type, mc.bi_data, mc.clamp_len) == (attn_type, bi_data, clamp_len)
+  rng = np.random.default_rng(1)
+  results = run_both(hf_model, xlnet_models.XLNetLMHeadModel(tiny_cfg(), mc), params,
+                     [segment_inputs(rng, attn_type) for _ in range(SEGMENTS)], memory_lib.empty(2, B, 32, mc))
+  for i, (ref, got, *_) in enumerate(results):
+    np.testing.assert_allclose(got, ref, atol=1e-4, err_msg=f"segment {i}")
+
+
 def test_export_is_the_imported_state_dict(tiny, tmp_path):
   hf, tensors = hx.export(tiny["config"], tiny["params"], "lm")
   assert hf["architectures"] == ["XLNetLMHeadModel"] and hf["untie_r"] and hf["mem_len"] == 6
