@@ -124,6 +124,15 @@ def test_export_is_the_imported_state_dict(tiny, tmp_path):
   imported = convert.read_hf(out)
   assert imported.family == "xlnet" and imported.kind == "lm" and imported.config.model.layer == "xlnet"
   np.testing.assert_array_equal(imported.params["lm_loss"]["bias"], tiny["state"]["lm_loss.bias"])
+  # as `python -m bertjax.hf import` then `export` do it: through a bertjax workdir
+  from bertjax.hf import workdir
+
+  workdir.save(imported, str(tmp_path / "w"))
+  config, params, _, _ = workdir.load(str(tmp_path / "w"))
+  (again,) = convert.write_hf(config, params, str(tmp_path / "again"))
+  state = transformers.XLNetLMHeadModel.from_pretrained(again).state_dict()
+  for k, v in tiny["state"].items():
+    np.testing.assert_array_equal(state[k].numpy(), v, err_msg=k)
 
 
 @pytest.mark.parametrize("kind", ["classifier", "span", "base"])
