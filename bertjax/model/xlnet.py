@@ -173,6 +173,8 @@ class XLNet(Block):
     if memory is None:
       memory = memory_lib.empty(c.num_layers, b, c.hidden_size, mc, c.dtype)
     rows = mc.push_rows(s)
+    if rows > s:
+      raise UserError(f"model.xlnet.reuse_len={mc.reuse_len} is longer than the segment ({s} tokens): use at most {s}")
     if memory is not None and mc.cmem_len and rows % mc.cmem_rate:
       raise UserError(f"model.xlnet.cmem_rate={mc.cmem_rate} must divide the {rows} rows each segment pushes")
     key_valid = memory_lib.key_valid(memory, b, mc)
