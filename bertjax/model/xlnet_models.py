@@ -132,13 +132,12 @@ class XLNetSpanHead(nn.Module):
 def forward_flops(c: EncoderConfig, mc: MemoryConfig, seq_len: int, predictions: int) -> float:
   """Forward matmul FLOPs per token of the transformer: per layer the q and o projections, k and v over memory
   and input, r over the klen + seq_len distances, the three score terms and the weighted sum over klen keys, the
-  FFN; the query stream's attention over every position (as transformers computes it after target_mapping's
-  scatter) and its projections and FFN on the predicted positions."""
+  FFN; the query stream's attention, projections and FFN on the predicted positions only."""
   d, s, klen = c.hidden_size, seq_len, mc.slots + seq_len
   proj = 2 * d * d * (2 + 2 * klen / s + (klen + s) / s)
   core = 2 * d * (2 * klen + (klen + s))  # ac and the weighted sum over klen keys, bd over klen + s distances
   ffn = 4 * d * c.intermediate_size
-  stream_g = (core + (4 * d * d + ffn) * predictions / s) if predictions else 0.0
+  stream_g = (core + 4 * d * d + ffn) * predictions / s
   return c.num_layers * (proj + core + ffn + stream_g)
 
 
