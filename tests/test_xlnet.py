@@ -7,8 +7,6 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may download
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
