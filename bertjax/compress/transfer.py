@@ -8,7 +8,8 @@ the MLM and sentence heads; not the embedding norm when the norms differ, as the
 learns each layer's feature maps, attention distributions, means and variances (bertjax.objectives.transfer)
 under LAMB as the reference runs it (`layerwise_lamb`): the active layer at 3 bg, finished layers at 0.3 bg,
 later layers and everything outside the encoder frozen (exactly zero update), every layer's moments reset where
-its multiplier is 0 (bertjax.model.transfer has the schedule).
+its multiplier is 0 (bertjax.model.transfer has the schedule). The multipliers follow the optimizer's own count
+of updates, which equals the run's step unless a non-finite step was skipped (the loss gates follow the step).
 Stage 2, W/distill (the config's own steps, schedule and objectives: MLM against 0.5 one-hot + 0.5 teacher,
 i.e. mlm 0.5 + distill_ce_masked 0.5 at temperature 1, plus NSP on ground truth): everything trains, from the
 stage-1 student, with a fresh LAMB state and step 0 (the reference's new model_dir).
