@@ -163,7 +163,7 @@ def initializer(init, config, param_shardings):
 
   def run(rng):
     state = init(rng)
-    teacher_config, _, _ = distill.load_teacher(config.teacher)
+    teacher_config = distill.teacher_run_config(config.teacher)
     teacher = _load(config.teacher, hf=not distill._is_workdir(config.teacher))
     student, copied = copy_outside_encoder(jax.device_get(state.params["student"]), teacher, config.model.norm,
                                            teacher_config.model.norm)
