@@ -300,3 +300,35 @@ def test_fine_tuning_an_imported_mobilebert(tmp_path):
     want = theirs(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(types),
                   attention_mask=torch.tensor(mask)).logits.numpy()
   np.testing.assert_allclose(np.asarray(ours), want, atol=1e-5)
+
+
+@pytest.mark.slow  # two fine-tuning runs (~20 s of CPU each, cold)
+@pytest.mark.parametrize("task", ["squad2", "ner"])
+def test_fine_tuning_an_imported_mobilebert_on_squad_and_tagging(task, tmp_path):
+  """An HF MobileBERT directory fine-tunes through the question-answering and tagging families (the README's
+  toy SQuAD v2.0 and CoNLL data) and reports the families' metrics."""
+  import re
+  import subprocess
+
+  import test_readme
+  from bertjax.finetune import train as ft_train
+
+  for script in test_readme.setup_scripts(test_readme.TEXT):
+    subprocess.run(["bash", "-c", script.replace("/tmp/", f"{tmp_path}/")], cwd=tmp_path, check=True)
+  test_readme.task_data(str(tmp_path))
+  words = sorted({w for s in test_readme._sentences() for w in re.findall(r"\w+|[^\w\s]", s.lower())})
+  (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words) + "\n")
+  ckpt = str(tmp_path / "hf")
+  torch.manual_seed(0)
+  transformers.MobileBertForPreTraining(hf_config(vocab_size=len(words) + 5, max_position_embeddings=128)).save_pretrained(ckpt)
+  transformers.BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(ckpt)
+  config = load_config(f"configs/finetune.py:{task}")
+  config.init.checkpoint, config.seeds, config.total_steps = ckpt, 1, 4
+  if task == "squad2":
+    config.task.source, config.seq_len, config.task.doc_stride, config.task.max_query_length = (
+        f"json:{tmp_path}/data/squad", 128, 64, 32)
+  else:
+    config.task.source, config.task.train_file, config.task.eval_file = f"conll:{tmp_path}/data/conll", "train.txt", "dev.txt"
+  results = ft_train.finetune(config, str(tmp_path / "ft"))
+  (metrics,) = results["per_seed"]
+  assert "f1" in metrics and np.isfinite(metrics["f1"]), metrics  # SQuAD's and conlleval's F1
