@@ -15,7 +15,8 @@ runs are the README's commands at `--batch_size` x `--seq_len`:
     --config=configs/mobilebert.py:tiny_transfer --config.distill.compare=True` (the student: 4 MobileBERT layers,
     bottleneck 32, 4 FFNs, NoNorm, ReLU, trigram inputs): 4 phases of `--phase_steps`, then `--distill_steps` of
     MLM against 0.5 one-hot + 0.5 teacher + NSP, and the same student trained from scratch (MLM + NSP) for the two
-    stages' steps together. Reported: each one's final eval MLM accuracy (the same held-out documents and masks).
+    stages' steps together. Reported: each one's final eval MLM accuracy and loss (the same held-out documents
+    and masks).
 (b) **Inference speed.** configs/mobilebert.py:mobilebert (24 layers, 25M encoder params) and configs/bert.py:base
     (12 x 768, 110M), float32, random weights, the encoder's forward pass over `--speed_batch` x `--speed_seq_len`
     tokens, jitted; rounds alternate between the two (the machine is shared: only the ratio measured side by side
@@ -76,6 +77,8 @@ def transfer_vs_scratch(args, work: str) -> dict:
   return dict(teacher_mlm_accuracy=teacher_eval["eval/mlm_accuracy"],
               transfer_mlm_accuracy=comparison["distilled"]["eval/mlm_accuracy"],
               scratch_mlm_accuracy=comparison["without_teacher"]["eval/mlm_accuracy"],
+              teacher_mlm_loss=teacher_eval["eval/mlm_loss"], transfer_mlm_loss=comparison["distilled"]["eval/mlm_loss"],
+              scratch_mlm_loss=comparison["without_teacher"]["eval/mlm_loss"],
               steps=dict(teacher=args.teacher_steps, transfer=transfer_steps, distill=args.distill_steps,
                          scratch=transfer_steps + args.distill_steps),
               seconds=dict(teacher=t_teacher, transfer_distill_and_scratch=t_student))
@@ -136,7 +139,8 @@ def main():
     out["transfer"] = a = transfer_vs_scratch(args, work)
     print(f"\n(a) eval MLM accuracy after {a['steps']['scratch']} student steps (batch {args.batch_size} x "
           f"{args.seq_len}): progressive transfer + distillation {a['transfer_mlm_accuracy']:.4f}, from scratch "
-          f"{a['scratch_mlm_accuracy']:.4f} (teacher after {args.teacher_steps} steps: {a['teacher_mlm_accuracy']:.4f})",
+          f"{a['scratch_mlm_accuracy']:.4f} (teacher after {args.teacher_steps} steps: {a['teacher_mlm_accuracy']:.4f}); "
+          f"eval MLM loss {a['transfer_mlm_loss']:.4f}, {a['scratch_mlm_loss']:.4f} (teacher {a['teacher_mlm_loss']:.4f})",
           flush=True)
   if "speed" in parts:
     out["speed"] = s = speed(args)
