@@ -26,9 +26,7 @@ import numpy as np
 import optax
 
 from bertjax.compress import distill
-from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
-from bertjax.model import config as model_config
 from bertjax.model.transfer import Transfer, lr_multipliers
 from bertjax.objectives.transfer import OBJECTIVES
 from bertjax.train import build, optim
