@@ -109,7 +109,7 @@ def compile_for(config, t: dict, unrolled_estimate: bool = True) -> dict:
   from bertjax.train import build
 
   if config.get("teacher"):  # a distillation config: the Distiller plugs into the factory from above
-    from bertjax.compress import distill  # noqa: F401
+    from bertjax.compress import transfer  # noqa: F401 (registers distillation and MobileBERT's transfer)
 
   notes = []
   if config.model.attention in attention_lib.WITHOUT_DROPOUT and config.model.attention_dropout > 0:

@@ -89,7 +89,7 @@ def base_model_params(model, params) -> int:
 def summarize(config) -> str:
   """The summary text of a config (what the CLI prints)."""
   if config.get("teacher"):  # a distillation config: the Distiller plugs into the factory from above
-    from bertjax.compress import distill  # noqa: F401
+    from bertjax.compress import transfer  # noqa: F401 (registers distillation and MobileBERT's transfer)
   build.validate(config)
   model, params = build.make_model(config), build.param_shapes(config)
   lines = [f"{'module':<48} {'params':>14}", "-" * 63]

@@ -19,7 +19,17 @@ Parameter counts (tests/test_mobilebert.py): MobileBertForPreTraining 36,597,564
 (released config: no pooler); MobileBERT-tiny's model 15,485,696; the teacher's model (pooler on) 294,467,840.
 Training: this config is the pre-training distillation stage's shape without the teacher (MLM + NSP, LAMB at
 1.5e-3, 10k warmup, 500k steps of 2,048 x 512: google-research mobilebert README and run_pretraining.py); the
-progressive knowledge transfer that precedes it is not here. docs/models.md (MobileBERT) has the details.
+progressive knowledge transfer that precedes it is `transfer`. docs/models.md (MobileBERT) has the details.
+
+- `transfer`: the whole recipe against an IB-BERT-large teacher (run_pretraining.py with --layer_wise_warmup, then
+  without): 24 phases of progressive knowledge transfer, then pre-training distillation (MLM against 0.5 one-hot
+  + 0.5 teacher, plus NSP). docs/compression.md (MobileBERT's progressive transfer) says what follows the code.
+- `ib_bert_tiny`: a CPU-sized IB-BERT teacher (4 layers, inter-block 64, intra-block 128) on the demo corpus.
+- `tiny_transfer`: `transfer` at CPU size, a 4-layer MobileBERT student of that teacher (4 phases):
+
+  python -m bertjax.train --config=configs/mobilebert.py:ib_bert_tiny --workdir=/tmp/ib-bert-tiny
+  python -m bertjax.distill --config=configs/mobilebert.py:tiny_transfer --config.teacher=/tmp/ib-bert-tiny \
+      --workdir=/tmp/mobilebert-tiny
 """
 
 from bertjax.core.config import defaults
@@ -41,10 +51,20 @@ VARIANTS = {
 }
 
 
+# CPU-sized variants: (the released variant whose structure they keep, inter-block width, bottleneck width, FFN
+# width, embedding size, layers).
+CPU_SIZES = {"ib_bert_tiny": ("ib_bert_large", 64, 128, 256, 16, 4), "tiny_transfer": ("mobilebert", 64, 32, 128, 16, 4)}
+RECIPES = ("transfer", "tiny_transfer")
+
+
 def get_config(arg: str = "mobilebert"):
-  """`arg` is a variant name: tiny | mobilebert | ib_bert_large."""
+  """`arg` is a variant name: tiny | mobilebert | ib_bert_large | transfer | ib_bert_tiny | tiny_transfer."""
+  if arg in CPU_SIZES:
+    return cpu_config(arg)
+  if arg == "transfer":
+    return transfer_recipe(get_config("mobilebert"))
   if arg not in VARIANTS:
-    raise ValueError(f"unknown mobilebert variant {arg!r}; use one of {', '.join(VARIANTS)}")
+    raise ValueError(f"unknown mobilebert variant {arg!r}; use one of {', '.join([*VARIANTS, *RECIPES, *CPU_SIZES])}")
   intra, num_ffn, ffn, qk_shared, bottleneck_attention, norm, act, pooler, dropout = VARIANTS[arg]
   c = defaults()
   # Run (README, pre-training distillation): batch 2,048 x 512, 500k steps, LAMB lr 1.5e-3, 10k warmup, linear
@@ -70,4 +90,49 @@ def get_config(arg: str = "mobilebert"):
   # Objectives: MLM + NSP (MobileBertForPreTraining's heads).
   c.objectives.mlm, c.objectives.nsp = 1.0, 1.0
   c.log_every, c.eval_every, c.checkpoint_every = 100, 10_000, 10_000
+  return c
+
+
+def transfer_recipe(c):
+  """The student config `c` with the reference's two stages against a teacher (run_pretraining.py flags in the
+  google-research mobilebert README): the config's own steps are stage 2, pre-training distillation."""
+  c.teacher = ""  # the IB-BERT teacher: a bertjax workdir (or an HF checkpoint directory) of the same vocabulary
+  c.transfer = dict(
+      stage="pd",  # set by the run: pkt (stage 1), pd (stage 2)
+      student="",  # set by the run: stage 1's student, where stage 2 starts
+      steps=240_000,  # --num_distill_steps 240000: 24 phases of 10,000
+      learning_rate=1.5e-3,  # --learning_rate 0.0015, constant (end_lr_rate=1.0, no warmup)
+      # Loss factors (README: --hidden_distill_factor 100 --attention_distill_factor 1 --beta_distill_factor 5000
+      # --gamma_distill_factor 5), each divided by the number of layers (run_pretraining.py).
+      hidden_factor=100.0, attention_factor=1.0, beta=5000.0, gamma=5.0,
+      # all_layers: the teacher's mean and variance over the embedding output and every layer at once, as
+      # run_pretraining.py computes them (teacher_hiddens); per_layer: layer l's own, as the paper describes.
+      teacher_statistics="all_layers",
+  )
+  c.distill = dict(temperature=1.0, compare=False)  # compare: also train the student from scratch (W/baseline)
+  # Stage 2: MLM against 0.5 one-hot + 0.5 teacher (--distill_ground_truth_ratio 0.5, temperature 1) = 0.5 MLM +
+  # 0.5 KL(teacher || student) + a constant; NSP on ground truth.
+  c.objectives.mlm, c.objectives.distill_ce_masked, c.objectives.nsp = 0.5, 0.5, 1.0
+  c.model.attention = "xla"  # attention transfer reads the attention scores
+  return c
+
+
+def cpu_config(arg: str):
+  """ib_bert_tiny (a teacher trained with python -m bertjax.train) and tiny_transfer (its student) on the demo
+  corpus: configs/bert.py:tiny's recipe, float32, sized for two CPU cores."""
+  from bertjax.core.config import tiny_on_demo
+
+  base, hidden, intra, ffn, emb, layers = CPU_SIZES[arg]
+  c = get_config(base)
+  tiny_on_demo(c)
+  m = c.model
+  m.hidden_size, m.bottleneck_size, m.intermediate_size, m.embedding_size, m.num_layers = hidden, intra, ffn, emb, layers
+  m.max_positions = c.seq_len
+  m.attention = "xla"
+  if arg == "tiny_transfer":
+    c = transfer_recipe(c)
+    c.transfer.steps = 200  # 4 phases of 50 steps
+    c.total_steps = 200  # then 200 steps of pre-training distillation
+    c.transfer.learning_rate = 2e-3  # tiny_on_demo's rate
+    c.optimizer.bias_correction = False  # as the reference's LAMB
   return c

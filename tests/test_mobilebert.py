@@ -239,3 +239,96 @@ def test_training_steps_match_transformers(tmp_path):
     theirs.append(ref.train_step(loss, opt, sched, params, config.optimizer.clip_norm))
   np.testing.assert_allclose(ours, theirs, rtol=1e-3)
   assert theirs[-1] < theirs[0]  # it trained
+
+
+@pytest.mark.parametrize("structure", sorted(STRUCTURES))
+def test_the_fine_tuning_classifier_reads_and_writes_transformers_classifiers(structure, tmp_path):
+  """What fine-tuning and predict build for a MobileBertForSequenceClassification (bertjax.finetune's
+  classification family: the Classifier with the family's head, a pooler only with classifier_activation) gives
+  transformers' logits, and its export loads back into transformers with the same weights."""
+  from bertjax.finetune import task_models
+
+  torch.manual_seed(0)
+  theirs = _perturb(transformers.MobileBertForSequenceClassification(hf_config(structure, num_labels=3)))
+  theirs.save_pretrained(str(tmp_path / "in"))
+  tm = task_models.read_hf(str(tmp_path / "in"))
+  assert ("pooler" in tm.params) == STRUCTURES[structure]["classifier_activation"]
+  ids, types, mask = _inputs()
+  ours = tm.model.apply({"params": tm.params}, jnp.asarray(ids), jnp.asarray(types), jnp.asarray(mask))
+  with torch.no_grad():
+    want = theirs(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(types),
+                  attention_mask=torch.tensor(mask)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(ours), want, atol=1e-5)
+  back = transformers.MobileBertForSequenceClassification.from_pretrained(
+      task_models.write_hf(tm, str(tmp_path / "out"))).state_dict()
+  for name, value in theirs.state_dict().items():
+    np.testing.assert_allclose(back[name].numpy(), value.numpy(), atol=1e-7, err_msg=name)
+
+
+@pytest.mark.slow  # ~20 s of CPU cold (a fine-tuning run compiles its steps): the normal tier stays under 8 minutes
+def test_fine_tuning_an_imported_mobilebert(tmp_path):
+  """A transformers MobileBERT directory (the released structure: no pooler) as init.checkpoint: the trainer
+  fine-tunes it on a sentence-pair task with MobileBertForSequenceClassification's head ([CLS] as it is, no tanh
+  pooler), and the fine-tuned model, exported as a MobileBertForSequenceClassification, gives its logits."""
+  import glob
+
+  from bertjax.finetune import task_models, train as ft_train
+  from test_finetune import _pair_task
+
+  task_dir, ckpt = tmp_path / "task", str(tmp_path / "hf")
+  task_dir.mkdir()
+  vocab = _pair_task(str(task_dir), n_train=32, n_eval=16)
+  (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  torch.manual_seed(0)
+  transformers.MobileBertForPreTraining(hf_config(vocab_size=len(vocab))).save_pretrained(ckpt)
+  transformers.BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(ckpt)
+  config = load_config("configs/finetune.py:tiny")
+  config.task.name, config.task.text_a, config.task.text_b = "pairs", "sentence1", "sentence2"
+  config.task.source, config.init.checkpoint = f"tsv:{task_dir}", ckpt
+  config.seeds, config.total_steps, config.seq_len, config.batch_size, config.save_model = 1, 2, 16, 8, True
+  results = ft_train.finetune(config, str(tmp_path / "ft"))
+  assert 0.0 <= results["summary"]["accuracy"]["median"] <= 1.0
+  (model_dir,) = glob.glob(str(tmp_path / "ft" / "seed_*" / "model"))
+  tm = task_models.load(model_dir)
+  assert tm.info["head"] == "pooler" and "pooler" not in tm.params  # classifier_activation false: no pooler
+  out = task_models.write_hf(tm, str(tmp_path / "export"))
+  theirs = transformers.MobileBertForSequenceClassification.from_pretrained(out).eval()
+  ids, types, mask = _inputs()
+  ids = np.minimum(ids, len(vocab) - 1)
+  ours = tm.model.apply({"params": tm.params}, jnp.asarray(ids), jnp.asarray(types), jnp.asarray(mask))
+  with torch.no_grad():
+    want = theirs(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(types),
+                  attention_mask=torch.tensor(mask)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(ours), want, atol=1e-5)
+
+
+@pytest.mark.slow  # two fine-tuning runs (~20 s of CPU each, cold)
+@pytest.mark.parametrize("task", ["squad2", "ner"])
+def test_fine_tuning_an_imported_mobilebert_on_squad_and_tagging(task, tmp_path):
+  """An HF MobileBERT directory fine-tunes through the question-answering and tagging families (the README's
+  toy SQuAD v2.0 and CoNLL data) and reports the families' metrics."""
+  import re
+  import subprocess
+
+  import test_readme
+  from bertjax.finetune import train as ft_train
+
+  for script in test_readme.setup_scripts(test_readme.TEXT):
+    subprocess.run(["bash", "-c", script.replace("/tmp/", f"{tmp_path}/")], cwd=tmp_path, check=True)
+  test_readme.task_data(str(tmp_path))
+  words = sorted({w for s in test_readme._sentences() for w in re.findall(r"\w+|[^\w\s]", s.lower())})
+  (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words) + "\n")
+  ckpt = str(tmp_path / "hf")
+  torch.manual_seed(0)
+  transformers.MobileBertForPreTraining(hf_config(vocab_size=len(words) + 5, max_position_embeddings=128)).save_pretrained(ckpt)
+  transformers.BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(ckpt)
+  config = load_config(f"configs/finetune.py:{task}")
+  config.init.checkpoint, config.seeds, config.total_steps = ckpt, 1, 4
+  if task == "squad2":
+    config.task.source, config.seq_len, config.task.doc_stride, config.task.max_query_length = (
+        f"json:{tmp_path}/data/squad", 128, 64, 32)
+  else:
+    config.task.source, config.task.train_file, config.task.eval_file = f"conll:{tmp_path}/data/conll", "train.txt", "dev.txt"
+  results = ft_train.finetune(config, str(tmp_path / "ft"))
+  (metrics,) = results["per_seed"]
+  assert "f1" in metrics and np.isfinite(metrics["f1"]), metrics  # SQuAD's and conlleval's F1

@@ -59,8 +59,12 @@ OVERRIDES = {
     ("bertjax.finetune", None, "configs/xh.py:tiny"): ({}, ("--config.total_steps=10",)),
     ("bertjax.distill", None, "configs/distill.py:tiny"): ({}, SHORT_RUN),
     ("bertjax.summary", None, "configs/bert.py:base"): ({}, ()),
-    ("bertjax.summary", None, "configs/mobilebert.py:mobilebert"): ({}, ()),
     ("bertjax.summary", None, "configs/xlnet.py:base"): ({}, ()),
+    ("bertjax.train", None, "configs/mobilebert.py:ib_bert_tiny"): ({}, SHORT_RUN),
+    # Four phases of 2 steps, then 4 steps of pre-training distillation.
+    ("bertjax.distill", None, "configs/mobilebert.py:tiny_transfer"): (
+        {}, ("--config.transfer.steps=8", "--config.total_steps=4", "--config.log_every=2", "--config.eval_every=4",
+             "--config.checkpoint_every=4")),
     ("bertjax.data.prepare", None, "configs/bert.py:tiny"): ({}, ("--workers=1",)),
     ("bertjax.hf", "fill_mask", None): ({}, ()),
     ("bertjax.hf", "export", None): ({}, ()),

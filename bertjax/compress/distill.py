@@ -228,5 +228,6 @@ def run(config, workdir: str) -> dict:
 
 # Distillation plugs into the model factory from above: for a config with a teacher, build makes the Distiller
 # (student + frozen teacher), freezes the teacher's parameters and loads them into a fresh state.
-build.register(build.Plugin(applies=lambda config: bool(config.get("teacher")), model=make_distiller,
+build.register(build.Plugin(applies=lambda config: bool(config.get("teacher")) and not config.get("transfer"),
+                            model=make_distiller,
                             tx=lambda config, tx: freeze_teacher(tx, config), init=initializer))

@@ -54,8 +54,10 @@ class BottleneckAttention(Block):
     if c.attention == "xla":
       # Scores, mask and softmax in float32 (as mha's).
       scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-      probs = jax.nn.softmax(scores * c.head_dim**-0.5 + mask, axis=-1)
+      scores = scores * c.head_dim**-0.5 + mask
+      probs = jax.nn.softmax(scores, axis=-1)
       self.sow("intermediates", "attention_probs", probs)
+      self.sow("intermediates", "attention_scores", scores)  # progressive transfer's attention loss (compress/transfer.py)
       probs = token_dropout(c, c.attention_dropout, (2, 3))(probs, deterministic=self.deterministic)
       ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
     else:

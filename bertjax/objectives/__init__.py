@@ -8,7 +8,7 @@ step with gradient accumulation exactly the large-batch step. Adding one is a mo
 
 from bertjax.core.config import active_objectives, check
 from bertjax.core.metrics import Mean
-from bertjax.objectives import distill, mlm, rtd, sbo, sentence, wklm, wso
+from bertjax.objectives import distill, mlm, rtd, sbo, sentence, transfer, wklm, wso
 
 REGISTRY = {
     "mlm": mlm,
@@ -26,6 +26,11 @@ REGISTRY = {
     "distill_embedding": distill.embedding,
     "distill_hidden": distill.hidden,
     "distill_attention": distill.attention,
+    # MobileBERT's progressive knowledge transfer (configs/mobilebert.py:transfer; bertjax.model.transfer.Transfer).
+    "transfer_hidden": transfer.hidden,
+    "transfer_attention": transfer.attention,
+    "transfer_mean": transfer.mean,
+    "transfer_variance": transfer.variance,
 }
 SENTENCE_OBJECTIVES = ("nsp", "sop", "sso")  # each trains on its own pairs (data.instances' format of its name)
 SENTENCE_CLASSES = {"nsp": 2, "sop": 2, "sso": 3}
@@ -60,11 +65,16 @@ def validate(config):
   unknown = set(config.objectives) - set(REGISTRY)
   check(not unknown, f"unknown objectives {sorted(unknown)}; use {', '.join(REGISTRY)}")
   objectives = active_objectives(config)
-  others = sorted(o for o in objectives if o != "mlm" and not o.startswith("distill_"))
+  # MobileBERT's transfer (a `transfer` section) also trains NSP against ground truth, and its first stage no MLM.
+  allowed = ("mlm", "nsp") if config.get("transfer") else ("mlm",)
+  others = sorted(o for o in objectives if o not in allowed and not o.startswith(("distill_", "transfer_")))
   check(not config.get("teacher") or not others,
         f"distillation trains an MLM student: set the {', '.join(others)} weight{'s' if len(others) > 1 else ''} to 0")
   check(bool(objectives), "no objective has a nonzero weight; set e.g. --config.objectives.mlm=1")
-  check("mlm" in objectives, "every setup here trains an MLM head (ELECTRA's generator included); set --config.objectives.mlm")
+  check("mlm" in objectives or any(o.startswith("transfer_") for o in objectives),
+        "every setup here trains an MLM head (ELECTRA's generator included); set --config.objectives.mlm")
+  check(not any(o.startswith("transfer_") for o in objectives) or config.get("teacher"),
+        "the transfer_* objectives need a teacher: set --config.teacher (python -m bertjax.distill)")
   check(("rtd" in objectives) == (m.generator_fraction > 0),
         "the rtd objective needs a generator and a generator needs rtd: set both "
         "--config.objectives.rtd and --config.model.generator_fraction, or neither")

@@ -13,6 +13,7 @@ Schedules (`optimizer.schedule`), t the step (0-based, the step the rate is used
            peak * t / w, then peak * (T - t) / (T - w) (the decay spans only the steps after warmup).
   poly_sqrt  NVIDIA DeepLearningExamples BERT `schedulers.py` PolyWarmUpScheduler (degree 0.5; their LAMB
            recipe): peak * t / w while t < w, then peak * (1 - t / T) ** 0.5 (decay over the whole run).
+  constant peak * t / w while t < w, then peak (MobileBERT's progressive transfer: end_lr_rate 1.0).
   wsd      the trapezoidal warmup-stable-decay schedule with the "1-sqrt" cooldown (Hägele et al. 2024, "Scaling
            Laws and Compute-Optimal Training Beyond Fixed Training Durations", §3; ModernBERT, Warner et al. 2024,
            §2.2.2): peak * t / w, then peak until the last d = round(optimizer.decay_fraction * T) steps, then
@@ -52,7 +53,7 @@ from bertjax.core.config import check
 from bertjax.model.layer import is_stacked
 
 _NO_DECAY = ("bias", "scale")  # LayerNorm scale/bias and every bias: BERT's ["LayerNorm", "layer_norm", "bias"]
-SCHEDULES = ("linear", "linear_after_warmup", "electra", "cosine", "poly_sqrt", "wsd")
+SCHEDULES = ("linear", "linear_after_warmup", "electra", "cosine", "poly_sqrt", "wsd", "constant")
 OPTIMIZERS = ("adamw", "lamb", "stableadamw")
 DECAY_FRACTION = 0.2  # wsd's default cooldown share: Hägele et al. 2024 find 20% matches cosine
 DECAY_MASKS = ("bert", "all")
@@ -63,6 +64,8 @@ def schedule(kind: str, peak: float, warmup: int, total: int, decay_fraction: fl
   `decay_fraction`: wsd's share of the steps that decay."""
   if kind == "wsd":
     return wsd_schedule(peak, warmup, total, decay_fraction)
+  if kind == "constant":
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak)], [warmup])
   if kind == "cosine":
     return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, total, 0.0)
   if kind == "linear_after_warmup":

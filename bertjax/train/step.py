@@ -131,6 +131,9 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
   reports `skipped` = 1.
   """
   batch = training_batch(batch, state.step, cfg)
+  # The step each row trains at, for a model whose loss follows it (bertjax.model.transfer's phase gates); one
+  # per row, so that microbatches split it as they split the rows. Every other model ignores it.
+  batch["step"] = jnp.broadcast_to(state.step, batch["input_ids"].shape[:1])
   denominators = objectives.counts(dict(cfg.objectives), batch)
   grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
   k = cfg.grad_accum_steps

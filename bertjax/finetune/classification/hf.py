@@ -1,6 +1,6 @@
 """The classification family's models on disk: a fine-tuned Classifier's directory (classifier.json; what
 bertjax.compress.prune reads too) and transformers' *ForSequenceClassification (BERT, RoBERTa, ALBERT,
-ELECTRA, ModernBERT, DistilBERT), each family with its own head, in and out."""
+ELECTRA, ModernBERT, DistilBERT, MobileBERT), each family with its own head, in and out."""
 
 import json
 import os
@@ -12,7 +12,8 @@ from bertjax.core.errors import UserError
 from bertjax.finetune import task_models
 from bertjax.finetune.classification import model as cls_model
 from bertjax.finetune.task_models import TaskModel
-from bertjax.hf import convert, modernbert as MB, safetensors_io, tokenizers as hf_tokenizers, weights as W
+from bertjax.hf import convert, mobilebert as MOB, modernbert as MB, safetensors_io, tokenizers as hf_tokenizers
+from bertjax.hf import weights as W
 from bertjax.hf import workdir as wd
 from bertjax.model import config as model_config
 
@@ -21,10 +22,11 @@ HF_SUFFIXES = ("ForSequenceClassification",)
 SEQUENCE_CLASSES = {"bert": "BertForSequenceClassification", "roberta": "RobertaForSequenceClassification",
                     "albert": "AlbertForSequenceClassification", "electra": "ElectraForSequenceClassification",
                     "modernbert": "ModernBertForSequenceClassification",
-                    "distilbert": "DistilBertForSequenceClassification"}
+                    "distilbert": "DistilBertForSequenceClassification",
+                    "mobilebert": "MobileBertForSequenceClassification"}
 # The Classifier head each family's *ForSequenceClassification has (classification.model.Classifier.head).
 SEQUENCE_HEADS = {"bert": "pooler", "albert": "pooler", "roberta": "roberta", "electra": "electra",
-                  "modernbert": "modernbert", "distilbert": "distilbert"}
+                  "modernbert": "modernbert", "distilbert": "distilbert", "mobilebert": "pooler"}
 
 
 def build(run_config, info: dict, cfg=None) -> cls_model.Classifier:
@@ -64,17 +66,23 @@ def _classifier_tokenizer(directory: str, run_config):
   return hf_tokenizers.load_any(spec) if spec else None
 
 
-def _sequence_head_entries(head: str, family: str, use_bias: bool = True) -> list:
-  """The weight map of a *ForSequenceClassification head: BERT's / ALBERT's pooler and classifier,
-  RoBERTa's and ELECTRA's classifier.dense and classifier.out_proj (bertjax's transform and classifier), or
-  ModernBERT's head.dense, head.norm (bertjax's pooler) and classifier."""
+def _pooler_name(family: str) -> str:
+  if family == "mobilebert":
+    return MOB.PREFIX + "pooler.dense"
+  return W.PREFIX[family] + ("pooler" if family == "albert" else "pooler.dense")
+
+
+def _sequence_head_entries(head: str, family: str, use_bias: bool = True, pooler: bool = True) -> list:
+  """The weight map of a *ForSequenceClassification head: BERT's / ALBERT's / MobileBERT's pooler (unless the
+  model has none: MobileBERT's classifier_activation false, `pooler` False) and classifier, RoBERTa's and
+  ELECTRA's classifier.dense and classifier.out_proj (bertjax's transform and classifier), or ModernBERT's
+  head.dense, head.norm (bertjax's pooler) and classifier."""
   if head == "modernbert":
     return MB.classifier_head(use_bias)
   if head == "distilbert":  # pre_classifier (dim -> dim), then ReLU and the classifier, unprefixed
     return W.entries_of("pre_classifier", "pre_classifier") + W.entries_of("classifier", "classifier")
   if head == "pooler":
-    pooler = W.PREFIX[family] + ("pooler" if family == "albert" else "pooler.dense")
-    return W.entries_of("pooler", pooler) + W.entries_of("classifier", "classifier")
+    return (W.entries_of("pooler", _pooler_name(family)) if pooler else []) + W.entries_of("classifier", "classifier")
   return W.entries_of("transform", "classifier.dense") + W.entries_of("classifier", "classifier.out_proj")
 
 
@@ -95,7 +103,7 @@ def read_hf(hf_dir: str) -> TaskModel:
   square = {"kernel": np.zeros((hidden, hidden)), "bias": np.zeros(hidden)}
   target = {"pooler": square, "transform": square, "pre_classifier": square,
             "classifier": {"kernel": np.zeros((hidden, n)), "bias": np.zeros(n)}}
-  entries = _sequence_head_entries(head, family)
+  entries = _sequence_head_entries(head, family, pooler=imported.config.model.get("pooler_activation", True))
   if head == "modernbert":  # its head.dense and head.norm come with the encoder (imported.pooler)
     entries, target = W.entries_of("classifier", "classifier"), {"classifier": target["classifier"]}
   params, missing = W.import_tensors(entries, tensors, target)
@@ -139,6 +147,7 @@ def write_hf(task_model: TaskModel, out_dir: str) -> str:
     hf["classifier_dropout_prob"] = hf["classifier_dropout"]
   params = jax.tree.map(np.asarray, task_model.params)
   tensors = convert.encoder_tensors(config, params, family, special)
-  entries = _sequence_head_entries(head, family, model_config.encoder_config(config.model).use_bias)
+  entries = _sequence_head_entries(head, family, model_config.encoder_config(config.model).use_bias,
+                                   config.model.get("pooler_activation", True))
   tensors.update(W.export_tensors(entries, params))
   return convert.write_dir(out_dir, hf, tensors, task_model.tokenizer)

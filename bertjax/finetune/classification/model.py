@@ -37,7 +37,9 @@ class Classifier(nn.Module):
   """Sentence(-pair) classifier or regressor (num_outputs 1) over the pretrained encoder, with one of two heads:
 
   pooler   BERT's: tanh(dense([CLS])) (starting from the pretrained NSP/SOP pooler where there is one),
-           dropout, linear classifier (BertForSequenceClassification, AlbertForSequenceClassification).
+           dropout, linear classifier (BertForSequenceClassification, AlbertForSequenceClassification,
+           MobileBertForSequenceClassification; without model.pooler_activation, MobileBERT's released
+           classifier_activation false, [CLS]'s state goes to the dropout as it is).
   electra  ElectraForSequenceClassification's: dropout, dense, GELU, dropout, linear on [CLS]; all fresh
            (task-specific), no tanh pooler.
   roberta  RobertaForSequenceClassification's RobertaClassificationHead: dropout, dense, tanh, dropout,
@@ -90,8 +92,10 @@ class Classifier(nn.Module):
       pooled = drop(jnp.tanh(h) if self.head == "roberta" else activation(c, h))
     elif self.head == "distilbert":
       pooled = drop(nn.relu(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pre_classifier")(cls)))
-    else:
+    elif c.pooler_activation:
       pooled = drop(jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "pooler")(cls)))
+    else:  # MobileBERT's classifier_activation false: the pooler is [CLS]'s state itself
+      pooled = drop(cls)
     return dense(c, c.hidden_size, self.num_outputs, (sh.EMBED, None), "classifier")(pooled).astype(jnp.float32)
 
 

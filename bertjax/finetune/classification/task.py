@@ -113,8 +113,9 @@ def prepare(config, loaded, raw: tuple | None = None) -> TaskData:
       eval=eval_arrays,
       info=dict(train_examples=len(train_ex.a), eval_examples=len(evals[0].a), **extra_counts,
                 skipped_rows=train_ex.skipped + sum(ex.skipped for ex in evals), head=head,
-                pooler=("none" if head not in ("pooler", "modernbert") else "pretrained" if pooler is not None
-                        else "fresh")),
+                pooler=("none" if head not in ("pooler", "modernbert")
+                        or not loaded.config.model.get("pooler_activation", True)
+                        else "pretrained" if pooler is not None else "fresh")),
       model=dict(num_outputs=len(task_data.label_names(task)) or 1, head=head, pooling=pooling),
       token_fields=TOKEN_FIELDS + (trees.FIELDS if parsed else ()))
 
