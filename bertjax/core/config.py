@@ -61,6 +61,15 @@ def defaults() -> ml_collections.ConfigDict:
       # units) and mention (WKLM). With source=units the corpus is the span source's own text; with another
       # source the span source's mention strings mark mentions in it (a gazetteer).
       units="",
+      # XLNet's permutation LM (objective plm: data format stream, bertjax.data.plm): the reuse part of a row (the
+      # stride of the streams, and what the memory keeps; 0: seq_len // 2), the permutation block (0: reuse_len),
+      # the targets per row (0: seq_len x mask_beta / mask_alpha), and the span sampling's context (about
+      # mask_beta of every mask_alpha tokens predicted).
+      reuse_len=0,
+      perm_size=0,
+      num_predict=0,
+      mask_alpha=6.0,
+      mask_beta=1.0,
   )
   # Masking.
   c.masking = dict(
@@ -145,7 +154,7 @@ def defaults() -> ml_collections.ConfigDict:
       complex_positions="descending",
   )
   # Objectives: name -> weight; 0 switches one off.
-  c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0, wklm=0.0)
+  c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0, wklm=0.0, plm=0.0)
   # WKLM's entity replacement (objective wklm; configs/wklm.py): share of mentions replaced in data preparation,
   # and the mention slots per example (a static shape; 0: seq_len // 4).
   c.wklm = dict(replace_prob=0.5, max_mentions=0)

@@ -32,7 +32,8 @@ VERSION = 1
 SHARD_BYTES = 1 << 30  # a shard file holds about this many bytes of rows
 # Stored type of each field (input_ids: see storage_types); _SCALARS are one value per row.
 _STORED = dict(type_ids="u1", word_start="?", groups="<u2", position_ids="<u2", sentence_label="u1",
-               unit_start="?", mention="u1")  # the last two: entity/phrase spans (bertjax.data.units)
+               unit_start="?", mention="u1",  # these two: entity/phrase spans (bertjax.data.units)
+               sentence_parity="?")  # the stream format's sentence flips (bertjax.data.plm)
 _SCALARS = ("sentence_label",)
 
 
@@ -49,7 +50,7 @@ def row_dtype(types: list, seq_len: int) -> np.dtype:
 
 def _widen(name: str, column: np.ndarray) -> np.ndarray:
   """A stored column in the type batches carry (int32, or bool for word_start and unit_start)."""
-  return column.astype(bool if name in ("word_start", "unit_start") else np.int32)
+  return column.astype(bool if name in ("word_start", "unit_start", "sentence_parity") else np.int32)
 
 
 def to_records(arrays: dict, dtype: np.dtype) -> np.ndarray:

@@ -309,7 +309,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
   def evaluate(step: int, phase: config_lib.Phase, data: pipeline.Dataset):
     sums = None
     eval_bs = config.eval_batch_size or phase.config.batch_size
-    for i, host in enumerate(pipeline.eval_batches(data.eval, eval_bs, proc, n_proc)):
+    for i, host in enumerate(data.eval_batches(eval_bs, proc, n_proc)):
       m = steps.eval(state.params, global_batch(host, steps.batch_sharding), jnp.int32(i))
       sums = m if sums is None else sum_metrics(sums, m)
     writer.write(step, {f"eval/{k}": v for k, v in finalize(jax.device_get(sums)).items()})
@@ -339,7 +339,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
       real = 0  # this host's real (non-padding) tokens since the last log: packing efficiency
       for step in range(max(start, phase.start), phase.end):
         beacon.step = step
-        host = pipeline.batch_at(data.train, step - phase.start, pc.batch_size, config.seed, proc, n_proc)
+        host = data.train_batch(step - phase.start, pc.batch_size, config.seed, proc, n_proc)
         real += int(np.count_nonzero(host["groups"]))
         state, metrics = steps.train(state, global_batch(host, steps.batch_sharding))
         pending.append(metrics)  # stays on device until the next log (fetching every step halves speed)
