@@ -250,6 +250,16 @@ def test_batches_are_a_function_of_the_step_and_split_over_processes(stream):
     plm.batch_at(stream, 0, 32, 0, LAYOUT)
 
 
+def test_bi_data_reads_each_stream_forward_and_reversed(stream):
+  import dataclasses
+
+  batch = plm.batch_at(stream, 1, 8, 0, dataclasses.replace(LAYOUT, bi_data=True))  # 4 streams, both ways
+  for b in range(4):
+    forward, backward = (batch["input_ids"][r, :16] - 100 - b * 200 for r in (b, 4 + b))
+    np.testing.assert_array_equal(forward, np.arange(16, 32))
+    np.testing.assert_array_equal(backward, 199 - np.arange(16, 32))  # window 1 of the stream read from its end
+
+
 def test_split_a_and_b_cuts_at_sentences():
   sent = (np.arange(400) // 10) % 2 == 1  # a sentence every 10 tokens
   for trial in range(40):
@@ -289,8 +299,16 @@ def test_bad_plm_keys_name_the_key():
   c.data.perm_size = 48
   with pytest.raises(UserError, match=r"^data\.perm_size=48 .*at most the smaller"):
     plm.validate(c)
-  c.data.perm_size, c.data.reuse_len = 0, 62
-  with pytest.raises(UserError, match=r"^data\.reuse_len=62"):
+  c.data.perm_size = 0
+  c.model.xlnet = dict(mem_len=48, reuse_len=62)
+  with pytest.raises(UserError, match=r"^model\.xlnet\.reuse_len=62 leaves no room"):
+    plm.validate(c)
+  c.model.xlnet = dict(mem_len=48, reuse_len=0)
+  with pytest.raises(UserError, match=r"^model\.xlnet\.reuse_len=0 pushes whole rows"):
+    plm.validate(c)
+  c.model.xlnet = dict(mem_len=48, reuse_len=32, bi_data=True)
+  c.batch_size = 7
+  with pytest.raises(UserError, match=r"^batch_size=7: model\.xlnet\.bi_data"):
     plm.validate(c)
 
 

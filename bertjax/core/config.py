@@ -61,11 +61,9 @@ def defaults() -> ml_collections.ConfigDict:
       # units) and mention (WKLM). With source=units the corpus is the span source's own text; with another
       # source the span source's mention strings mark mentions in it (a gazetteer).
       units="",
-      # XLNet's permutation LM (objective plm: data format stream, bertjax.data.plm): the reuse part of a row (the
-      # stride of the streams, and what the memory keeps; 0: seq_len // 2), the permutation block (0: reuse_len),
-      # the targets per row (0: seq_len x mask_beta / mask_alpha), and the span sampling's context (about
-      # mask_beta of every mask_alpha tokens predicted).
-      reuse_len=0,
+      # XLNet's permutation LM (objective plm: data format stream, bertjax.data.plm; the reuse part of a row is
+      # model.xlnet.reuse_len): the permutation block (0: the reuse part), the targets per row (0: seq_len x
+      # mask_beta / mask_alpha), and the span sampling's context (about mask_beta of every mask_alpha tokens).
       perm_size=0,
       num_predict=0,
       mask_alpha=6.0,

@@ -25,7 +25,8 @@ A/B splits, spans and permutations from (seed, pass, stream, window), so a batch
 Deliberate differences from the reference: one pass is not stored per preparation but drawn at load time (as
 many passes as the run needs, none on disk); A's sentence scan looks at most seq_len tokens past tot_len for a
 boundary and a random B at most seq_len tokens around it (the reference scans to the next boundary however far);
-bi_data (reversed streams) is not offered.
+with model.xlnet.bi_data the batch's halves are the forward and the reversed streams (the reference orders them
+so per core, transformers' model negates the distances of the batch's second half, which this order gives).
 """
 
 import dataclasses
@@ -50,6 +51,7 @@ class Layout:
   mask_beta: float
   sep: int
   cls: int
+  bi_data: bool = False  # the second half of every batch reads the first half's streams reversed
 
   @property
   def tot_len(self) -> int:
@@ -57,9 +59,20 @@ class Layout:
     return self.seq_len - self.reuse_len - 3
 
 
+def _memory(config) -> dict:
+  """The model's memory section (config.model.xlnet: bertjax.model.memory), {} for a model without one."""
+  return dict(config.model.get("xlnet", None) or {})
+
+
 def reuse_len(config) -> int:
-  """The reuse part of a row: data.reuse_len, or half the row (the reference's 256 of 512)."""
-  return config.data.reuse_len or config.seq_len // 2
+  """The reuse part of a row, which is also the stride of the streams and what each step pushes into the memory:
+  model.xlnet.reuse_len (the reference's 256 of 512), or half the row where the model sets none."""
+  return _memory(config).get("reuse_len", 0) or config.seq_len // 2
+
+
+def bi_data(config) -> bool:
+  """Whether the second half of every batch reads the first half's streams reversed (model.xlnet.bi_data)."""
+  return bool(_memory(config).get("bi_data", False))
 
 
 def perm_size(config) -> int:
@@ -77,7 +90,7 @@ def layout(config, special) -> Layout:
   """The window layout of a run config (its data section's PLM keys) and tokenizer special ids."""
   d = config.data
   return Layout(config.seq_len, reuse_len(config), perm_size(config), num_predict(config), d.mask_alpha, d.mask_beta,
-                special.sep, special.cls)
+                special.sep, special.cls, bi_data(config))
 
 
 def validate(config):
@@ -85,9 +98,17 @@ def validate(config):
   d, s = config.data, config.seq_len
   r, p, n = reuse_len(config), perm_size(config), num_predict(config)
   other = s - r
+  mem = _memory(config)
+  if mem.get("mem_len", 0) and not mem.get("reuse_len", 0):
+    raise UserError(f"model.xlnet.reuse_len=0 pushes whole rows into the memory, but the plm objective's rows overlap "
+                    f"(each continues the previous one's reuse part); set --config.model.xlnet.reuse_len (XLNet: "
+                    f"seq_len // 2 = {s // 2})")
   if not 0 < r <= s - 5:  # A, B and their <sep> <sep> <cls> need 5 positions at least
-    raise UserError(f"data.reuse_len={d.reuse_len} leaves no room for A <sep> B <sep> <cls> in a row of seq_len {s}; "
-                    f"set --config.data.reuse_len between 1 and {s - 5} (0: seq_len // 2)")
+    raise UserError(f"model.xlnet.reuse_len={r} leaves no room for A <sep> B <sep> <cls> in a row of seq_len {s}; "
+                    f"set --config.model.xlnet.reuse_len between 1 and {s - 5}")
+  if bi_data(config) and config.batch_size % 2:
+    raise UserError(f"batch_size={config.batch_size}: model.xlnet.bi_data reads every stream forward and reversed, "
+                    "in the two halves of the batch; use an even batch_size")
   if p > min(r, other) or r % p or other % p:
     raise UserError(f"data.perm_size={p} must divide both halves of the row and be at most the smaller (reuse part "
                     f"{r}, the rest {other} of seq_len {s}; the reference's assert perm_size <= reuse_len and "
@@ -224,44 +245,66 @@ def geometry(tokens: int, num_streams: int, lay: Layout, split: str):
   return per_stream, windows
 
 
-def window(stream: Stream, base: int, per_stream: int, i: int, lay: Layout, rng) -> dict:
-  """One row: stream positions base + i ... (reuse) and the A/B after them; see the module docstring."""
-  sent = lambda a, b: stream.read(base + a, base + b)["sentence_parity"]
-  cut = split_a_and_b(rng, sent, i + lay.reuse_len, lay.tot_len, per_stream, lay.seq_len)
+def _reader(stream: Stream, base: int, per_stream: int, reverse: bool):
+  """read(a, b): positions [a, b) of the stream that starts at `base`, or of that stream reversed (the
+  reference's bi_data: `fwd_data[..., ::-1]`, read from the forward stream's end)."""
+  if not reverse:
+    return lambda a, b: stream.read(base + a, base + b)
+  return lambda a, b: {k: v[::-1] for k, v in stream.read(base + per_stream - b, base + per_stream - a).items()}
+
+
+def window(read, per_stream: int, i: int, lay: Layout, rng, reverse: bool = False) -> dict:
+  """One row: positions i ... of a stream (`read`, see _reader) as the reuse part and the A/B after them; see the
+  module docstring. A reversed row's spans start at words of the forward text (the reference samples a reversed
+  row's mask on the row flipped back, `_sample_mask(..., reverse=True)`)."""
+  cut = split_a_and_b(rng, lambda a, b: read(a, b)["sentence_parity"], i + lay.reuse_len, lay.tot_len, per_stream,
+                      lay.seq_len)
   a0, a1, b0, b1, _ = cut  # geometry leaves room: never None
-  read = lambda a, b: stream.read(base + a, base + b)
   reuse, a, b = read(i, i + lay.reuse_len), read(a0, a1), read(b0, b1)
   sep, cls = np.array([lay.sep]), np.array([lay.cls])
   ids = np.concatenate([reuse["input_ids"], a["input_ids"], sep, b["input_ids"], sep, cls]).astype(np.int32)
   starts = np.concatenate([reuse["word_start"], a["word_start"], [True], b["word_start"], [True, True]])
   type_ids = np.concatenate([np.zeros(lay.reuse_len + a1 - a0 + 1), np.ones(b1 - b0 + 1), [2]]).astype(np.int32)
   goal_1 = lay.num_predict // 2  # the reference: num_predict_0 = num_predict - num_predict // 2 in the reuse half
-  masked = np.concatenate([sample_mask(rng, starts[:lay.reuse_len], lay.num_predict - goal_1, lay.mask_alpha,
-                                       lay.mask_beta),
-                           sample_mask(rng, starts[lay.reuse_len:], goal_1, lay.mask_alpha, lay.mask_beta)])
+  flip = (lambda x: x[::-1]) if reverse else (lambda x: x)
+  sample = lambda part, goal: flip(sample_mask(rng, flip(part), goal, lay.mask_alpha, lay.mask_beta))
+  masked = np.concatenate([sample(starts[:lay.reuse_len], lay.num_predict - goal_1),
+                           sample(starts[lay.reuse_len:], goal_1)])
   rank = np.concatenate([local_perm(rng, lay.reuse_len, lay.perm_size),
                          local_perm(rng, lay.seq_len - lay.reuse_len, lay.perm_size)])
   return dict(input_ids=ids, type_ids=type_ids, word_start=starts, plm_masked=masked, perm_rank=rank)
 
 
-def _rows(stream: Stream, lay: Layout, seed: int, passes_and_windows, streams, per_stream) -> dict:
-  out = [window(stream, b * per_stream, per_stream, t * lay.reuse_len, lay,
-                np.random.default_rng([seed, e, b, t])) for (e, t), b in zip(passes_and_windows, streams)]
-  batch = {k: np.stack([r[k] for r in out]) for k in out[0]}
+def _rows(stream: Stream, lay: Layout, seed: int, pass_and_window, rows, batch_size: int, split: str) -> dict:
+  """Rows `rows` of a global batch of `batch_size` at (pass, window): row r reads stream r, or with bi_data
+  stream r mod B/2, reversed in the second half of the batch (transformers' XLNet negates the distances of the
+  second half)."""
+  streams = batch_size // 2 if lay.bi_data else batch_size
+  per_stream, windows = geometry(stream.tokens, streams, lay, split)
+  e, t = pass_and_window(windows)
+  out = []
+  for r in rows:
+    b, reverse = int(r % streams), bool(r >= streams)
+    out.append(window(_reader(stream, b * per_stream, per_stream, reverse), per_stream, t * lay.reuse_len, lay,
+                      np.random.default_rng([seed, e, b, t, int(reverse)]), reverse))
+  batch = {k: np.stack([row[k] for row in out]) for k in out[0]}
   n = len(out)
   batch.update(groups=np.ones((n, lay.seq_len), np.int32), sentence_label=np.zeros(n, np.int32),
                example_weight=np.ones(n, np.float32))
   return batch
 
 
+def _mine(batch_size: int, process_index: int, process_count: int):
+  per_process = batch_size // process_count
+  return process_index * per_process + np.arange(per_process)
+
+
 def batch_at(stream: Stream, step: int, batch_size: int, seed: int, lay: Layout, process_index: int = 0,
              process_count: int = 1) -> dict:
   """This process's rows of global batch `step`: row b continues stream b (window step % W of pass step // W);
   the processes hold consecutive streams, as they hold consecutive rows of every batch."""
-  per_stream, windows = geometry(stream.tokens, batch_size, lay, "train")
-  per_process = batch_size // process_count
-  streams = process_index * per_process + np.arange(per_process)
-  return _rows(stream, lay, seed, [divmod(step, windows)] * per_process, streams, per_stream)
+  return _rows(stream, lay, seed, lambda windows: divmod(step, windows),
+               _mine(batch_size, process_index, process_count), batch_size, "train")
 
 
 EVAL_SEED = 0  # eval windows are the same for every run
@@ -270,11 +313,11 @@ EVAL_SEED = 0  # eval windows are the same for every run
 def eval_batches(stream: Stream, batch_size: int, lay: Layout, process_index: int = 0, process_count: int = 1):
   """The eval split's windows in stream order, one pass: batch t holds window t of every stream (this process's
   streams), the same in every run."""
-  per_stream, windows = geometry(stream.tokens, batch_size, lay, "eval")
-  per_process = batch_size // process_count
-  streams = process_index * per_process + np.arange(per_process)
+  streams = batch_size // 2 if lay.bi_data else batch_size
+  _, windows = geometry(stream.tokens, streams, lay, "eval")
   for t in range(windows):
-    yield _rows(stream, lay, EVAL_SEED, [(0, t)] * per_process, streams, per_stream)
+    yield _rows(stream, lay, EVAL_SEED, lambda _: (0, t), _mine(batch_size, process_index, process_count),
+                batch_size, "eval")
 
 
 def token_stream(docs, sep: int):

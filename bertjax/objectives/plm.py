@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.core.metrics import Mean
+from bertjax.data import plm as data_plm
 from bertjax.objectives.common import softmax_xent
 
 
@@ -35,8 +36,9 @@ class PLMConfig:
 
 
 def make_config(config, special) -> PLMConfig:
-  """The PLM inputs' config of a run config (data.reuse_len, data.num_predict) and its tokenizer's ids."""
-  return PLMConfig(config.data.reuse_len, config.data.num_predict, special.sep, special.cls)
+  """The PLM inputs' config of a run config (its reuse part and targets per row, bertjax.data.plm) and its
+  tokenizer's ids."""
+  return PLMConfig(data_plm.reuse_len(config), data_plm.num_predict(config), special.sep, special.cls)
 
 
 def perm_mask(input_ids, masked, rank, cfg: PLMConfig):

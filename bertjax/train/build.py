@@ -22,7 +22,8 @@ from bertjax.data import instances, prepare_lib
 from bertjax.data.tokenizer import SpecialIds
 from bertjax.model import config as model_config
 from bertjax.model.pretrain import Pretrainer
-from bertjax.objectives import masking, wklm
+from bertjax.data import plm as plm_data
+from bertjax.objectives import masking, plm, wklm
 from bertjax.train import optim, step as step_lib
 
 
@@ -95,11 +96,16 @@ def dummy_batch(config, batch_size: int = 1) -> dict:
   s, p = config.seq_len, config_lib.max_predictions(config)
   q = masking.shuffle_slots(s, config.masking.wso_share)
   ints = lambda *shape: jnp.zeros(shape, jnp.int32)
-  return dict(input_ids=ints(batch_size, s), original_ids=ints(batch_size, s), type_ids=ints(batch_size, s),
-              groups=jnp.ones((batch_size, s), jnp.int32), mlm_positions=ints(batch_size, p),
-              mlm_weights=jnp.zeros((batch_size, p)), span_left=ints(batch_size, p), span_right=ints(batch_size, p),
-              wso_positions=ints(batch_size, max(q, 1)), wklm_first=ints(batch_size, wklm.slots(config)),
-              wklm_last=ints(batch_size, wklm.slots(config)))
+  out = dict(input_ids=ints(batch_size, s), original_ids=ints(batch_size, s), type_ids=ints(batch_size, s),
+             groups=jnp.ones((batch_size, s), jnp.int32), mlm_positions=ints(batch_size, p),
+             mlm_weights=jnp.zeros((batch_size, p)), span_left=ints(batch_size, p), span_right=ints(batch_size, p),
+             wso_positions=ints(batch_size, max(q, 1)), wklm_first=ints(batch_size, wklm.slots(config)),
+             wklm_last=ints(batch_size, wklm.slots(config)))
+  if "plm" in config_lib.active_objectives(config):  # what objectives.plm.inputs adds to a batch
+    n = plm_data.num_predict(config)
+    out.update(perm_mask=jnp.zeros((batch_size, s, s)), target_mapping=jnp.zeros((batch_size, n, s)),
+               plm_positions=ints(batch_size, n), plm_labels=ints(batch_size, n), plm_weights=jnp.zeros((batch_size, n)))
+  return out
 
 
 def host_batch_spec(config, batch_size: int) -> dict:
@@ -113,6 +119,8 @@ def host_batch_spec(config, batch_size: int) -> dict:
     spec["position_ids"] = sds((batch_size, s), jnp.int32)
   if config.data.get("units", ""):  # entity/phrase spans (bertjax.data.units)
     spec["unit_start"], spec["mention"] = sds((batch_size, s), jnp.bool_), sds((batch_size, s), jnp.int32)
+  if prepare_lib.resolve_format(config) == "stream":  # XLNet's windows: targets and permutation ranks
+    spec["plm_masked"], spec["perm_rank"] = sds((batch_size, s), jnp.bool_), sds((batch_size, s), jnp.int32)
   return spec
 
 
@@ -127,10 +135,29 @@ def param_shapes(config) -> dict:
   return sharding.strip_boxes(jax.eval_shape(functools.partial(init_params, model, config), jax.random.key(0)))
 
 
+def has_memory(config) -> bool:
+  """Whether the config's model carries a memory from step to step (model.xlnet.mem_len > 0: XLNet's)."""
+  return bool((config.model.get("xlnet", None) or {}).get("mem_len", 0))
+
+
+def init_memory(model, params, config):
+  """The empty memory of a model with one (zeros in the shape of the outputs["memory"] it returns for a batch of
+  config.batch_size), boxed with the batch axis first: the state shards it as it shards the batch. None for a
+  model without."""
+  if not has_memory(config):
+    return None
+  shapes = jax.eval_shape(lambda p: model.apply({"params": p}, dummy_batch(config, config.batch_size),
+                                                rngs={"dropout": jax.random.key(0), "sample": jax.random.key(0)}),
+                          params)["memory"]
+  return jax.tree.map(lambda x: nn.LogicallyPartitioned(jnp.zeros(x.shape, x.dtype),
+                                                        names=(sharding.BATCH,) + (None,) * (len(x.shape) - 1)), shapes)
+
+
 def init_state(rng, model, tx, config) -> step_lib.TrainState:
-  """A fresh TrainState whose parameters still carry their logical-axis boxes."""
+  """A fresh TrainState whose parameters (and memory) still carry their logical-axis boxes."""
   params = init_params(model, config, rng)
-  return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                             memory=init_memory(model, params, config))
 
 
 def step_config(config, special: SpecialIds, token_counts=None) -> step_lib.StepConfig:
@@ -158,7 +185,8 @@ def step_config(config, special: SpecialIds, token_counts=None) -> step_lib.Step
       eval_masking=None if eval_masking == masking_cfg else eval_masking,
       objectives=tuple(config_lib.active_objectives(config).items()), grad_accum_steps=config.grad_accum_steps,
       report_every=config.log_every, report_at=tuple(p.end for p in config_lib.phases(config)),
-      wklm_mentions=wklm.slots(config) if "wklm" in config_lib.active_objectives(config) else 0)
+      wklm_mentions=wklm.slots(config) if "wklm" in config_lib.active_objectives(config) else 0,
+      plm=plm.make_config(config, special) if "plm" in config_lib.active_objectives(config) else None)
 
 
 @dataclasses.dataclass(frozen=True)
