@@ -109,6 +109,8 @@ def summarize(config) -> str:
       lines.append(f"projection params (TinyBERT's, trained, not part of the student): {count(params['projection'])}")
   if isinstance(model, Pretrainer) and model.generator is None:
     lines.append(f"base model params: {base_model_params(model, params)}")
+  elif hasattr(model, "base_model"):  # a kind's own model (XLNet): what transformers' *Model counts
+    lines.append(f"base model params: {count(model.base_model(params))}")
   lines.append(f"params: {count(params)}")
   return "\n".join(lines)
 

@@ -6,7 +6,7 @@ from bertjax.core.errors import UserError
 from bertjax.hf import mobilebert, modernbert
 from bertjax.model import config as model_config, kinds
 
-FAMILIES = ("bert", "roberta", "albert", "electra", "modernbert", "distilbert", "mobilebert")
+FAMILIES = ("bert", "roberta", "albert", "electra", "modernbert", "distilbert", "mobilebert", "xlnet")
 # HF hidden_act -> bertjax model.activation (gelu_pytorch_tanh is the same tanh approximation).
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new"}
 HF_ACTIVATION = {"gelu": "gelu", "gelu_new": "gelu_new"}

@@ -20,6 +20,7 @@ from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
 from bertjax.data.tokenizer import SentencePieceTokenizer, SpecialIds, Tokenizer, WordPieceTokenizer
 from bertjax.hf import configs, mobilebert as MOB, modernbert as MB, safetensors_io, tokenizers as hf_tokenizers, weights as W
+from bertjax.hf import xlnet as XL
 from bertjax.model import config as model_config
 from bertjax.train import build
 
@@ -38,6 +39,8 @@ class Imported:
   fresh: list  # bertjax parameter paths the checkpoint did not have (freshly initialized)
   unused: list  # HF tensors that went nowhere
   pooler: dict | None = None  # a pooler without a sentence classifier (BertModel): kept for fine-tuning
+  kind: str = ""  # XLNet: which model the checkpoint holds (bertjax.hf.xlnet: lm, base, classifier, span)
+  task_params: dict | None = None  # XLNet: the params of that model, its head included
 
 
 def _read_json(path: str, what: str) -> dict:
@@ -132,6 +135,8 @@ def read_hf(hf_dir: str, generator_dir: str = "", seed: int = 0) -> Imported:
   """
   hf = _read_json(os.path.join(hf_dir, "config.json"), "config.json")
   family = configs.family_of(hf)
+  if family == "xlnet":
+    return read_xlnet(hf_dir, hf, seed)
   tensors = _modern_names(safetensors_io.read_dir(hf_dir))
   if family == "modernbert":
     tensors = MB.split_qkv(tensors)
@@ -207,6 +212,29 @@ def read_hf(hf_dir: str, generator_dir: str = "", seed: int = 0) -> Imported:
     if tok.vocab_size > config.model.vocab_size:
       raise UserError(f"the tokenizer has {tok.vocab_size} ids but the model only {config.model.vocab_size}")
   return Imported(config, params, tok, family, fresh, unused, pooler)
+
+
+def read_xlnet(hf_dir: str, hf: dict, seed: int = 0) -> Imported:
+  """An XLNet checkpoint (XLNetLMHeadModel, XLNetModel, XLNetForSequenceClassification,
+  XLNetForQuestionAnsweringSimple): `params` are the pretraining model's (XLNetLMHeadModel: a bias of zeros when
+  the checkpoint has no LM head), `task_params` the checkpoint's own model's (bertjax.hf.xlnet.model_for)."""
+  config, kind, params, _, unused = XL.read(hf, safetensors_io.read_dir(hf_dir))
+  config.seed = seed
+  tok = hf_tokenizers.from_dir(hf_dir) if hf_tokenizers.has_tokenizer(hf_dir) else None
+  if tok is not None and tok.vocab_size > config.model.vocab_size:
+    raise UserError(f"the tokenizer has {tok.vocab_size} ids but the model only {config.model.vocab_size}")
+  fresh = [] if kind == "lm" else ["lm_loss/bias"]
+  return Imported(config, XL.lm_params(params, config.model.vocab_size), tok, "xlnet", fresh, unused, kind=kind,
+                  task_params=params)
+
+
+def write_xlnet(config, params, out_dir: str, kind: str = "lm", tokenizer: Tokenizer | None = None,
+                special: SpecialIds | None = None) -> str:
+  """Writes an XLNet `kind` (lm, base, classifier, span; params of bertjax.hf.xlnet.model_for's model) as an HF
+  directory that transformers loads; returns it."""
+  special = special or (tokenizer.special if tokenizer else None)
+  hf, tensors = XL.export(config, jax.tree.map(np.asarray, params), kind, special)
+  return write_dir(out_dir, hf, tensors, tokenizer)
 
 
 # ---------------------------------------------------------------- export
@@ -344,8 +372,10 @@ def write_hf(config, params, out_dir: str, tokenizer: Tokenizer | None = None,
   and OUT/generator, each a complete checkpoint). `pooler`: the pooler an import kept (inference.Loaded.pooler,
   from a BertModel / RobertaModel / AlbertModel checkpoint), exported with the MLM model so nothing is lost."""
   build.validate(config)
-  special = special or (tokenizer.special if tokenizer else SpecialIds(0, 1, 2, 3, 4))
   family = configs.family_for(config)
+  if family == "xlnet":  # its own model and names (bertjax.hf.xlnet)
+    return [write_xlnet(config, params, out_dir, "lm", tokenizer, special)]
+  special = special or (tokenizer.special if tokenizer else SpecialIds(0, 1, 2, 3, 4))
   params = jax.tree.map(np.asarray, params)
   networks = [("discriminator", False), ("generator", True)] if family == "electra" else [("", False)]
   written = []

@@ -4,7 +4,7 @@ import jax
 
 from bertjax.core import config as config_lib
 from bertjax.core.config import check, DTYPES
-from bertjax.model import attention as attention_lib, kinds, layer_kinds, lsra  # noqa: F401  (the built-in kinds)
+from bertjax.model import attention as attention_lib, kinds, layer_kinds, lsra, xlnet_models  # noqa: F401  (the built-in kinds)
 from bertjax.model.hparams import EncoderConfig, REMAT_POLICIES, SHARING_MODES
 from bertjax.model.layers import ACTIVATIONS, DENSE_GRADS
 

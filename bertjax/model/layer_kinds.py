@@ -23,6 +23,11 @@ class LayerKind(kinds.Kind):
     """Forward matmul FLOPs per token of layer `index`."""
     raise NotImplementedError
 
+  def pretrainer(self, config, cfg):
+    """The pretraining model of a run config whose layers are this kind's own model (XLNet), built from the
+    EncoderConfig `cfg`; None (every built-in kind): bertjax.model.pretrain.Pretrainer."""
+    return None
+
 
 @kinds.register("layer", "bert")
 class Bert(LayerKind):

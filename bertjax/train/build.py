@@ -20,7 +20,7 @@ from bertjax.core import config as config_lib, sharding
 from bertjax.core.errors import UserError
 from bertjax.data import instances, prepare_lib
 from bertjax.data.tokenizer import SpecialIds
-from bertjax.model import config as model_config
+from bertjax.model import config as model_config, kinds
 from bertjax.model.pretrain import Pretrainer
 from bertjax.data import plm as plm_data
 from bertjax.objectives import masking, plm, wklm
@@ -77,16 +77,19 @@ def make_model(config, platform: str | None = None) -> Pretrainer:
   attention implementation (default: JAX's backend), as a plugin (distillation) wraps it for its configs."""
   objectives = config_lib.active_objectives(config)
   sentence = [o for o in objectives_lib.SENTENCE_OBJECTIVES if o in objectives]
-  model = Pretrainer(
-      cfg=model_config.encoder_config(config.model, platform=platform),
-      generator=model_config.encoder_config(config.model, generator=True, platform=platform) if "rtd" in objectives else None,
-      sentence_head=bool(sentence),
-      sentence_classes=max([objectives_lib.SENTENCE_CLASSES[o] for o in sentence], default=2),
-      sbo="sbo" in objectives,
-      wso="wso" in objectives,
-      wklm_mentions=wklm.slots(config) if "wklm" in objectives else 0,
-      sample_temperature=config.model.sample_temperature,
-  )
+  cfg = model_config.encoder_config(config.model, platform=platform)
+  model = kinds.of(config.model, "layer").pretrainer(config, cfg)  # a kind with a model of its own (XLNet)
+  if model is None:
+    model = Pretrainer(
+        cfg=cfg,
+        generator=model_config.encoder_config(config.model, generator=True, platform=platform) if "rtd" in objectives else None,
+        sentence_head=bool(sentence),
+        sentence_classes=max([objectives_lib.SENTENCE_CLASSES[o] for o in sentence], default=2),
+        sbo="sbo" in objectives,
+        wso="wso" in objectives,
+        wklm_mentions=wklm.slots(config) if "wklm" in objectives else 0,
+        sample_temperature=config.model.sample_temperature,
+    )
   plugin = _plugin(config)
   return plugin.model(config, model, platform) if plugin else model
 
