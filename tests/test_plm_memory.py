@@ -30,16 +30,18 @@ class ToyMemory(nn.Module):
     return 1.0
 
   @nn.compact
-  def __call__(self, batch):
+  def __call__(self, batch, memory=None):
     emb = nn.Embed(self.vocab, HIDDEN, name="embed")(batch["input_ids"])
     b = emb.shape[0]
-    mem = batch.get("memory") or dict(h=jnp.zeros((b, MEM_LEN, HIDDEN)), valid=jnp.zeros((b, MEM_LEN)))
-    ctx = (mem["h"] * mem["valid"][..., None]).sum(1) / jnp.maximum(mem["valid"].sum(1, keepdims=True), 1)
+    # batch second in `h`, as XLNet keeps its memory [layers, B, M, d]: the state follows each leaf's batch axis
+    mem = memory or dict(h=jnp.zeros((MEM_LEN, b, HIDDEN)), valid=jnp.zeros((b, MEM_LEN)))
+    h_mem = jnp.swapaxes(mem["h"], 0, 1)
+    ctx = (h_mem * mem["valid"][..., None]).sum(1) / jnp.maximum(mem["valid"].sum(1, keepdims=True), 1)
     h = emb + nn.Dense(HIDDEN, name="ctx")(ctx)[:, None]
     logits = nn.Dense(self.vocab, name="out")(jnp.einsum("bps,bsh->bph", batch["target_mapping"], h))
     push = lambda old, new: jnp.concatenate([old, new], 1)[:, -MEM_LEN:]
-    memory = dict(h=push(mem["h"], jax.lax.stop_gradient(emb[:, :REUSE])), valid=push(mem["valid"], jnp.ones((b, REUSE))))
-    return {"plm_logits": logits, "memory": memory}
+    new = push(h_mem, jax.lax.stop_gradient(emb[:, :REUSE]))
+    return {"logits": logits, "memory": dict(h=jnp.swapaxes(new, 0, 1), valid=push(mem["valid"], jnp.ones((b, REUSE))))}
 
 
 PLUGIN = build.Plugin(applies=lambda c: c.model.get("toy_memory", False),
@@ -78,11 +80,15 @@ def test_memory_threads_through_microbatches_and_survives_a_skipped_step(tmp_pat
   mesh = sharding.make_mesh(config.sharding)
   one = build.make_steps(config, mesh, data.tokenizer.special)
   state = one.init(jax.random.key(0))
-  assert jax.tree.map(jnp.shape, state.memory) == dict(h=(8, MEM_LEN, HIDDEN), valid=(8, MEM_LEN))
-  assert state.memory["h"].sharding.spec[0] == one.batch_sharding.spec[0]  # split over devices as the batch is
+  assert jax.tree.map(jnp.shape, state.memory) == dict(h=(MEM_LEN, 8, HIDDEN), valid=(8, MEM_LEN))
+  assert state.memory["h"].sharding.spec[1] == one.batch_sharding.spec[0]  # split over devices as the batch is
+  assert state.memory["valid"].sharding.spec[0] == one.batch_sharding.spec[0]
   batch = loop.global_batch(data.train_batch(0, 8, config.seed), one.batch_sharding)
+  table = np.asarray(state.params["embed"]["embedding"])
   after, metrics = one.train(state, batch)
   np.testing.assert_array_equal(after.memory["valid"][:, -REUSE:], 1)
+  pushed = np.swapaxes(table[np.asarray(batch["input_ids"])[:, :REUSE]], 0, 1)  # this step's reuse part, newest last
+  np.testing.assert_array_equal(after.memory["h"][-REUSE:], pushed)
   assert not np.asarray(after.memory["valid"][:, :MEM_LEN - REUSE]).any()
   config.grad_accum_steps = 2
   two = build.make_steps(config, mesh, data.tokenizer.special)

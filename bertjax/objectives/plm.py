@@ -85,6 +85,7 @@ def count(batch):
 
 
 def loss(outputs, batch):
-  """Cross-entropy of `plm_logits` [B, P, V] at the targets (its sum; plm_loss is the mean)."""
-  loss_sum, n, correct = softmax_xent(outputs["plm_logits"], batch["plm_labels"], batch["plm_weights"])
+  """Cross-entropy of the LM head's `logits` [B, P, V] (at target_mapping's slots) at the targets (its sum;
+  plm_loss is the mean)."""
+  loss_sum, n, correct = softmax_xent(outputs["logits"], batch["plm_labels"], batch["plm_weights"])
   return loss_sum, {"plm_loss": Mean(loss_sum, n), "plm_accuracy": Mean(correct, n)}

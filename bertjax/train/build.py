@@ -143,24 +143,49 @@ def has_memory(config) -> bool:
   return bool((config.model.get("xlnet", None) or {}).get("mem_len", 0))
 
 
-def init_memory(model, params, config):
-  """The empty memory of a model with one (zeros in the shape of the outputs["memory"] it returns for a batch of
-  config.batch_size), boxed with the batch axis first: the state shards it as it shards the batch. None for a
-  model without."""
+@dataclasses.dataclass(frozen=True)
+class MemorySpec:
+  """The memory a model carries for a batch of `batch_size`: its leaves' shapes (jax.ShapeDtypeStructs, the
+  model's own layout) and the axis of each leaf that holds the batch (jax.tree.leaves order)."""
+
+  shapes: object
+  axes: tuple
+
+  def boxed_zeros(self):
+    """The empty memory (zeros), each leaf boxed with the batch's logical axis at its batch axis."""
+    names = lambda x, a: tuple(sharding.BATCH if i == a else None for i in range(len(x.shape)))
+    leaves = [nn.LogicallyPartitioned(jnp.zeros(x.shape, x.dtype), names=names(x, a))
+              for x, a in zip(jax.tree.leaves(self.shapes), self.axes)]
+    return jax.tree.unflatten(jax.tree.structure(self.shapes), leaves)
+
+
+def memory_spec(model, config) -> MemorySpec | None:
+  """The MemorySpec of a model with memory (has_memory), read from the outputs["memory"] it returns for batches of
+  1 and 2 rows (the axis whose size follows the batch is the batch axis); None for a model without."""
   if not has_memory(config):
     return None
-  shapes = jax.eval_shape(lambda p: model.apply({"params": p}, dummy_batch(config, config.batch_size),
-                                                rngs={"dropout": jax.random.key(0), "sample": jax.random.key(0)}),
-                          params)["memory"]
-  return jax.tree.map(lambda x: nn.LogicallyPartitioned(jnp.zeros(x.shape, x.dtype),
-                                                        names=(sharding.BATCH,) + (None,) * (len(x.shape) - 1)), shapes)
+
+  def memory(rows):
+    def run(rng):
+      params = sharding.strip_boxes(init_params(model, config, rng))
+      return model.apply({"params": params}, dummy_batch(config, rows), rngs={"dropout": rng, "sample": rng})["memory"]
+    return jax.eval_shape(run, jax.random.key(0))
+
+  one, two = memory(1), memory(2)
+  axes = tuple(next(i for i, (p, q) in enumerate(zip(x.shape, y.shape)) if p != q)
+               for x, y in zip(jax.tree.leaves(one), jax.tree.leaves(two)))
+  b = config.batch_size
+  shapes = jax.tree.unflatten(jax.tree.structure(one), [
+      jax.ShapeDtypeStruct(x.shape[:a] + (b,) + x.shape[a + 1:], x.dtype) for x, a in zip(jax.tree.leaves(one), axes)])
+  return MemorySpec(shapes, axes)
 
 
-def init_state(rng, model, tx, config) -> step_lib.TrainState:
-  """A fresh TrainState whose parameters (and memory) still carry their logical-axis boxes."""
+def init_state(rng, model, tx, config, memory: MemorySpec | None = None) -> step_lib.TrainState:
+  """A fresh TrainState whose parameters (and memory: empty, as `memory` says) still carry their logical-axis
+  boxes."""
   params = init_params(model, config, rng)
   return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                             memory=init_memory(model, params, config))
+                             memory=None if memory is None else memory.boxed_zeros())
 
 
 def step_config(config, special: SpecialIds, token_counts=None) -> step_lib.StepConfig:
@@ -261,13 +286,17 @@ def make_steps(config, mesh, special: SpecialIds, token_counts=None) -> Steps:
     tx = plugin.tx(config, tx)
   cfg = step_config(config, special, token_counts)
   with nn.logical_axis_rules(rules):
-    boxed = jax.eval_shape(functools.partial(init_state, model=model, tx=tx, config=config), jax.random.key(0))
+    memory = memory_spec(model, config)  # XLNet's: part of the state, split over devices by its batch axes
+    if memory is not None:
+      cfg = dataclasses.replace(cfg, memory_axes=memory.axes)
+    boxed = jax.eval_shape(functools.partial(init_state, model=model, tx=tx, config=config, memory=memory),
+                           jax.random.key(0))
   shardings = sharding.logical_shardings(boxed, mesh, rules)
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           sharding.strip_boxes(boxed), shardings)
   batch_sharding = jax.sharding.NamedSharding(mesh, sharding.batch_spec())
   repl = sharding.replicated(mesh)
-  init = jax.jit(lambda r: nn.unbox(init_state(r, model, tx, config)), out_shardings=shardings)
+  init = jax.jit(lambda r: nn.unbox(init_state(r, model, tx, config, memory)), out_shardings=shardings)
   train = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, cfg=cfg),
                   in_shardings=(shardings, batch_sharding), out_shardings=(shardings, repl), donate_argnums=(0,))
   evaluate = jax.jit(functools.partial(step_lib.eval_step, model=model, cfg=cfg),

@@ -71,6 +71,7 @@ class StepConfig:
   eval_masking: Any = None
   wklm_mentions: int = 0  # WKLM's mention slots per example (0: no wklm objective)
   plm: Any = None  # XLNet's permutation LM (plm.PLMConfig): perm_mask and targets replace MLM masking
+  memory_axes: tuple = ()  # the batch axis of each leaf of the state's memory (build.MemorySpec)
 
 
 def reports(done, cfg: StepConfig):
@@ -112,12 +113,29 @@ def eval_batch(batch, index, cfg: StepConfig):
   return apply_masking(stream_key(EVAL_SEED, index, "eval/masking"), batch, cfg, evaluation=True)
 
 
+def _memory_moved(memory, axes, to_front: bool):
+  """The memory with each leaf's batch axis moved to the front (to_front) or back to where the model keeps it."""
+  if memory is None:
+    return None
+  move = lambda x, a: jnp.moveaxis(x, a, 0) if to_front else jnp.moveaxis(x, 0, a)
+  return jax.tree.unflatten(jax.tree.structure(memory), [move(x, a) for x, a in zip(jax.tree.leaves(memory), axes)])
+
+
 def _loss_fn(params, batch, rngs, model, cfg: StepConfig, *, deterministic: bool, denominators=None):
   """Total loss and (metrics, the model's next memory or None) of an already masked batch (`denominators`: see
-  objectives.total_loss). A model with memory reads batch["memory"] and returns outputs["memory"]."""
-  outputs = model.clone(deterministic=deterministic).apply({"params": params}, batch, rngs=rngs)
+  objectives.total_loss). A model with memory takes `memory=` (batch["memory"], batch axes first, as microbatches
+  split it) and returns outputs["memory"], and its outputs["cmem_loss"] (the compressed memory's reconstruction
+  loss, which trains the compression function only) joins the loss."""
+  batch = dict(batch)
+  memory = _memory_moved(batch.pop("memory", None), cfg.memory_axes, to_front=False)
+  extra = {} if memory is None else {"memory": memory}
+  outputs = model.clone(deterministic=deterministic).apply({"params": params}, batch, rngs=rngs, **extra)
   total, metrics = objectives.total_loss(dict(cfg.objectives), outputs, batch, denominators)
-  return total, (metrics, outputs.get("memory"))
+  if memory is not None and "cmem_loss" in outputs:  # a microbatch's share of the batch's
+    cmem = outputs["cmem_loss"] / cfg.grad_accum_steps
+    total = total + cmem
+    metrics["cmem_loss"], metrics["loss"] = Mean(cmem, 1.0), Mean(metrics["loss"].total + cmem, 1.0)
+  return total, (metrics, _memory_moved(outputs.get("memory"), cfg.memory_axes, to_front=True))
 
 
 def _add(a, b):
@@ -138,7 +156,7 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
   """
   batch = training_batch(batch, state.step, cfg)
   if state.memory is not None:  # row b's memory is its stream's past: it travels with the row, microbatches too
-    batch = dict(batch, memory=state.memory)
+    batch = dict(batch, memory=_memory_moved(state.memory, cfg.memory_axes, to_front=True))
   denominators = objectives.counts(dict(cfg.objectives), batch)
   grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
   k = cfg.grad_accum_steps
@@ -194,6 +212,7 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
       skipped=Sum(1.0 - finite.astype(jnp.float32)),
   )
   if memory is not None:  # a skipped step's memory may hold non-finite values: the streams keep their old one
+    memory = _memory_moved(memory, cfg.memory_axes, to_front=False)
     memory = jax.tree.map(lambda new, old: jnp.where(finite, new, old), memory, state.memory)
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state, memory=memory), metrics
 
