@@ -163,6 +163,10 @@ def claim_workdir(config, workdir: str, replace: bool):
 def describe_data(data: pipeline.Dataset, seq_len: int) -> str:
   """One line of counts about the data (documents, instances, label balance, skipped input)."""
   src, train, ev = data.stats["source"], data.stats["train"], data.stats["eval"]
+  if data.stats["format"] == "stream":  # XLNet's: windows of token streams, cut at load time (bertjax.data.plm)
+    return (f"data: {src.documents} documents, {src.sentences} sentences; a token stream of train {train.tokens:,} and "
+            f"eval {ev.tokens:,} tokens, read in windows of the reuse part {data.windows.reuse_len} on; tokenizer "
+            f"{data.tokenizer.spec()}")
   line = (f"data: {src.documents} documents, {src.sentences} sentences; {data.stats['format']} instances: "
           f"train {train.instances} (label-1 share {train.label_balance:.3f}), eval {ev.instances}; "
           f"documents too short for a pair {train.too_short_documents}; tokenizer {data.tokenizer.spec()}")
