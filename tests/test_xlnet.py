@@ -92,6 +92,23 @@ def test_lm_logits_and_memory_equal_transformers_over_three_segments(tiny):
     np.testing.assert_allclose(np.asarray(memory["mem"])[:, :, -mlen:], mems.transpose(0, 2, 1, 3), atol=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("attn_type,bi_data,clamp_len", [("uni", False, -1), ("bi", True, 3), ("uni", True, 2)])
+def test_attention_types_bi_data_and_clamp_equal_transformers(attn_type, bi_data, clamp_len):
+  torch.manual_seed(0)
+  hf_model = transformers.XLNetLMHeadModel(transformers.XLNetConfig(
+      **dict(HF_TINY, attn_type=attn_type, bi_data=bi_data, clamp_len=clamp_len))).eval()
+  state = {k: v.detach().numpy() for k, v in hf_model.state_dict().items()}
+  config, _, params, _, _ = hx.read(hf_model.config.to_dict(), state)
+  mc = memory_lib.memory_config(config.model.xlnet)
+  assert (mc.attn_type, mc.bi_data, mc.clamp_len) == (attn_type, bi_data, clamp_len)
+  rng = np.random.default_rng(1)
+  results = run_both(hf_model, xlnet_models.XLNetLMHeadModel(tiny_cfg(), mc), params,
+                     [segment_inputs(rng, attn_type) for _ in range(SEGMENTS)], memory_lib.empty(2, B, 32, mc))
+  for i, (ref, got, *_) in enumerate(results):
+    np.testing.assert_allclose(got, ref, atol=1e-4, err_msg=f"segment {i}")
+
+
 def test_export_is_the_imported_state_dict(tiny, tmp_path):
   hf, tensors = hx.export(tiny["config"], tiny["params"], "lm")
   assert hf["architectures"] == ["XLNetLMHeadModel"] and hf["untie_r"] and hf["mem_len"] == 6
@@ -107,6 +124,15 @@ def test_export_is_the_imported_state_dict(tiny, tmp_path):
   imported = convert.read_hf(out)
   assert imported.family == "xlnet" and imported.kind == "lm" and imported.config.model.layer == "xlnet"
   np.testing.assert_array_equal(imported.params["lm_loss"]["bias"], tiny["state"]["lm_loss.bias"])
+  # as `python -m bertjax.hf import` then `export` do it: through a bertjax workdir
+  from bertjax.hf import workdir
+
+  workdir.save(imported, str(tmp_path / "w"))
+  config, params, _, _ = workdir.load(str(tmp_path / "w"))
+  (again,) = convert.write_hf(config, params, str(tmp_path / "again"))
+  state = transformers.XLNetLMHeadModel.from_pretrained(again).state_dict()
+  for k, v in tiny["state"].items():
+    np.testing.assert_array_equal(state[k].numpy(), v, err_msg=k)
 
 
 @pytest.mark.parametrize("kind", ["classifier", "span", "base"])
@@ -156,3 +182,32 @@ def test_published_parameter_counts():
     config = config_lib.load(os.path.join(os.path.dirname(__file__), "..", "configs", "xlnet.py") + f":{arg}")
     shapes = build.param_shapes(config)
     assert (count(shapes), count(shapes["transformer"])) == (lm, base), arg
+
+
+def test_sentencepiece_tokenizer_through_hf_dir(tmp_path):
+  """XLNet's tokenizer (a SentencePiece model trained here on Python's docs, read as XLNetTokenizer) through
+  hf:DIR: transformers' ids and segment ids (A <sep> B <sep> <cls>: 0, 1, 2) and special ids."""
+  import json
+  import shutil
+
+  import pydoc_data.topics
+  import sentencepiece as spm
+
+  from bertjax.data.tokenizer_spec import load_tokenizer
+
+  lines = "\n".join(list(pydoc_data.topics.topics.values())[:40]).splitlines()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(lines), model_prefix=str(tmp_path / "sp"), vocab_size=300, character_coverage=1.0,
+      control_symbols=["<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>"], pad_id=-1, minloglevel=2)
+  d = tmp_path / "hf"
+  d.mkdir()
+  shutil.copy(tmp_path / "sp.model", d / "spiece.model")
+  (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLNetTokenizer"}))
+  ref, tok = transformers.AutoTokenizer.from_pretrained(str(d)), load_tokenizer(f"hf:{d}")
+  a, b = "The print statement writes text.", "Lists are mutable sequences."
+  want = ref(a, b, return_token_type_ids=True)
+  assert tok.encode_pair(a, b, 64) == (want["input_ids"], want["token_type_ids"])
+  assert want["token_type_ids"][-1] == 2 and want["input_ids"][-1] == ref.cls_token_id
+  s = tok.special
+  assert (s.cls, s.sep, s.pad, s.mask, s.unk) == (ref.cls_token_id, ref.sep_token_id, ref.pad_token_id,
+                                                  ref.mask_token_id, ref.unk_token_id)

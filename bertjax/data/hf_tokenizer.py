@@ -30,8 +30,8 @@ from bertjax.data.tokenizer import (SPECIAL_TOKENS, SentencePieceTokenizer, Spec
 ROLES = {
     "pad": ("pad_token", ("[PAD]", "<pad>")),
     "unk": ("unk_token", ("[UNK]", "<unk>")),
-    "cls": ("cls_token", ("[CLS]", "<s>")),
-    "sep": ("sep_token", ("[SEP]", "</s>")),
+    "cls": ("cls_token", ("[CLS]", "<cls>", "<s>")),  # <cls>/<sep>: XLNet's (it has <s> and </s> too)
+    "sep": ("sep_token", ("[SEP]", "<sep>", "</s>")),
     "mask": ("mask_token", ("[MASK]", "<mask>")),
 }
 # The files a checkpoint's tokenizer may consist of (copied with it: into shards, workdirs, exports).
