@@ -58,7 +58,7 @@ OVERRIDES = {
     ("bertjax.distill", None, "configs/distill.py:tiny"): ({}, SHORT_RUN),
     ("bertjax.summary", None, "configs/bert.py:base"): ({}, ()),
     ("bertjax.summary", None, "configs/mobilebert.py:mobilebert"): ({}, ()),
-    ("bertjax.summary", None, "configs/xlnet.py:base"): ({}, ()),
+    ("bertjax.train", None, "configs/xlnet.py:tiny"): ({}, SHORT_RUN),
     ("bertjax.data.prepare", None, "configs/bert.py:tiny"): ({}, ("--workers=1",)),
     ("bertjax.hf", "fill_mask", None): ({}, ()),
     ("bertjax.hf", "export", None): ({}, ()),
