@@ -106,6 +106,13 @@ def validate(config):
   if not 0 < r <= s - 5:  # A, B and their <sep> <sep> <cls> need 5 positions at least
     raise UserError(f"model.xlnet.reuse_len={r} leaves no room for A <sep> B <sep> <cls> in a row of seq_len {s}; "
                     f"set --config.model.xlnet.reuse_len between 1 and {s - 5}")
+  if mem.get("mem_len", 0) and any(ph["batch_size"] not in (0, config.batch_size) for ph in config.phases):
+    raise UserError("phases[].batch_size: the memory holds one row per stream, so the streams (batch_size) cannot "
+                    "change between phases; keep every phase at --config.batch_size")
+  if bi_data(config) and config.grad_accum_steps > 1:  # a microbatch would hold one direction only
+    raise UserError(f"grad_accum_steps={config.grad_accum_steps}: model.xlnet.bi_data reverses the second half of "
+                    "the batch the model sees, which a microbatch is not; set --config.grad_accum_steps=1 or "
+                    "--config.model.xlnet.bi_data=False")
   if bi_data(config) and config.batch_size % 2:
     raise UserError(f"batch_size={config.batch_size}: model.xlnet.bi_data reads every stream forward and reversed, "
                     "in the two halves of the batch; use an even batch_size")

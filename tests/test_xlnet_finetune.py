@@ -1,0 +1,96 @@
+"""Fine-tuning from an imported XLNet (a tiny random XLNetLMHeadModel and XLNet's SentencePiece tokenizer saved
+here): XLNet's conventions through the classification family (A <sep> B <sep> <cls>, segment id 2 for <cls>, the
+summary read at <cls> though bertjax pads on the right and cuts length buckets), a model that learns, results.json,
+and the fine-tuned classifier's logits equal to transformers' XLNetForSequenceClassification on left-padded rows."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may download
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax.finetune import train
+from bertjax.hf import xlnet as hx
+from conftest import load_config
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+WORDS = "good bad film plot actor scene music story the a was is very".split()
+
+
+def xlnet_dir(tmp_path):
+  """A tiny random XLNetLMHeadModel with a SentencePiece tokenizer of XLNet's special symbols."""
+  import sentencepiece as spm
+
+  rng = np.random.default_rng(1)
+  lines = [" ".join(rng.choice(WORDS, 8)) for _ in range(400)]
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(lines), model_prefix=str(tmp_path / "sp"), vocab_size=40, character_coverage=1.0,
+      control_symbols=["<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>"], pad_id=-1, minloglevel=2)
+  d = tmp_path / "xlnet"
+  torch.manual_seed(0)
+  hf = transformers.XLNetConfig(vocab_size=40, d_model=32, n_layer=2, n_head=4, d_inner=64, dropout=0.0)
+  transformers.XLNetLMHeadModel(hf).save_pretrained(str(d))
+  shutil.copy(tmp_path / "sp.model", d / "spiece.model")
+  (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLNetTokenizer"}))
+  return d
+
+
+def sentiment_task(tmp_path, n_train=400, n_eval=100):
+  rng = np.random.default_rng(0)
+  task = tmp_path / "task"
+  task.mkdir()
+  for name, n in (("train.tsv", n_train), ("dev.tsv", n_eval)):
+    rows = []
+    for _ in range(n):
+      label = int(rng.integers(2))
+      body = list(rng.choice(WORDS[2:], size=int(rng.integers(2, 7))))
+      body.insert(int(rng.integers(len(body) + 1)), "good" if label else "bad")
+      rows.append(f"{' '.join(body)}\t{label}")
+    (task / name).write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+  return task
+
+
+@pytest.mark.slow  # compiles XLNet's fine-tuning step and trains 100 steps (~30 s of CPU)
+def test_sst2_from_an_imported_xlnet_learns_and_matches_transformers(tmp_path):
+  hf_dir, task = xlnet_dir(tmp_path), sentiment_task(tmp_path)
+  config = load_config("configs/finetune.py:sst2")
+  config.task.source, config.init.checkpoint = f"tsv:{task}", str(hf_dir)
+  config.seeds, config.total_steps, config.seq_len, config.learning_rate, config.batch_size = 1, 100, 16, 2e-3, 32
+  config.model.dropout = config.model.attention_dropout = 0.0
+  results = train.finetune(config, str(tmp_path / "ft"))
+  assert results["per_seed"][0]["accuracy"] > 0.9, results  # chance is 0.5
+  assert os.path.isfile(tmp_path / "ft" / "results.json")
+
+  setup = train.prepare(config)
+  evals = setup["eval"]
+  ids, groups, types = evals["input_ids"], evals["groups"], evals["type_ids"]
+  n = groups.sum(1)
+  tok = setup["loaded"].tokenizer
+  assert all(ids[i, n[i] - 1] == tok.special.cls and types[i, n[i] - 1] == 2 for i in range(len(n)))  # <cls> last
+  assert all(ids[i, n[i] - 2] == tok.special.sep for i in range(len(n)))
+
+  # The classifier reads <cls> where transformers reads it: XLNetForSequenceClassification (summary_type last)
+  # on the same rows padded on the left gives the same logits.
+  model = setup["task"].model(config, setup["cfg"], setup["data"], deterministic=True)
+  params, fresh = setup["task"].init_params(model, jax.random.key(3), setup["loaded"])
+  assert sorted(fresh) == ["logits_proj", "summary"]
+  ours = train.predict(params, evals, model, 64)
+  hf, tensors = hx.export(setup["loaded"].config, jax.tree.map(np.asarray, params), "classifier")
+  reference = transformers.XLNetForSequenceClassification(
+      transformers.XLNetConfig(**{k: v for k, v in hf.items() if k != "architectures"})).eval()
+  reference.load_state_dict({k: torch.tensor(v) for k, v in tensors.items()})
+  s = ids.shape[1]
+  left = lambda x, fill: np.stack([np.concatenate([np.full(s - k, fill), row[:k]]) for row, k in zip(x, n)])
+  with torch.no_grad():
+    theirs = reference(input_ids=torch.tensor(left(ids, tok.special.pad)),
+                       token_type_ids=torch.tensor(left(types, 3)),  # transformers' pad_token_type_id
+                       attention_mask=torch.tensor(left(groups, 0))).logits.numpy()
+  np.testing.assert_allclose(ours, theirs, atol=1e-4)
