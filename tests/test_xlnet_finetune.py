@@ -94,3 +94,76 @@ def test_sst2_from_an_imported_xlnet_learns_and_matches_transformers(tmp_path):
                        token_type_ids=torch.tensor(left(types, 3)),  # transformers' pad_token_type_id
                        attention_mask=torch.tensor(left(groups, 0))).logits.numpy()
   np.testing.assert_allclose(ours, theirs, atol=1e-4)
+
+
+@pytest.mark.slow  # one compile of XLNet's fine-tuning step and 20 torch steps (~20 s of CPU)
+def test_finetuning_steps_match_transformers_xlnet_for_sequence_classification():
+  """20 fine-tuning steps (bertjax's step and optimizer as python -m bertjax.finetune builds them) against
+  XLNetForSequenceClassification from the same weights, dropout off: the loss per step to 1e-3 relative, the final
+  parameters to 1e-3. Our rows are padded on the right (the summary gathers <cls>), transformers' on the left."""
+  import functools
+
+  import jax.numpy as jnp
+  import ml_collections
+
+  import torch_reference as ref
+  from bertjax.finetune.classification.model import XLNetClassifier
+  from bertjax.finetune.model import init_params
+  from bertjax.model import config as model_config
+  from test_xlnet_parity import no_decay
+
+  torch.manual_seed(0)
+  hf_lm = transformers.XLNetLMHeadModel(transformers.XLNetConfig(vocab_size=64, d_model=32, n_layer=2, n_head=4,
+                                                                  d_inner=64, dropout=0.0))
+  pre, _, imported, _, _ = hx.read(hf_lm.config.to_dict(), {k: v.numpy() for k, v in hf_lm.state_dict().items()})
+  enc = model_config.encoder_config(pre.model)
+  model = XLNetClassifier(enc, 2, summary_dropout=0.0, deterministic=False)
+  params, fresh = init_params(model, jax.random.key(3), imported, None, parts=("transformer",))
+  assert sorted(fresh) == ["logits_proj", "summary"]
+  config = load_config("configs/finetune.py:tiny")
+  config.model.classifier_dropout, config.learning_rate = 0.0, 3e-3  # two batches in turn: learnable in 20 steps
+  steps, warmup = 20, 5
+  tx = train.make_tx(config, params, enc, steps, warmup)
+  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx))
+  hf, tensors = hx.export(pre, jax.tree.map(np.asarray, params), "classifier")
+  reference = transformers.XLNetForSequenceClassification(
+      transformers.XLNetConfig(**{k: v for k, v in hf.items() if k != "architectures"}))
+  reference.load_state_dict({k: torch.tensor(v) for k, v in tensors.items()})
+  reference = ref.reference_semantics(reference)
+  o = config.optimizer
+  opt = torch.optim.AdamW([{"params": [p], "weight_decay": 0.0 if no_decay(n) else o.weight_decay}
+                           for n, p in reference.named_parameters()], lr=config.learning_rate, betas=(o.b1, o.b2),
+                          eps=o.eps)
+  factor = ref.SCHEDULES[o.schedule]
+  sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: factor(t, warmup, steps))
+  assert o.bias_correction and o.layerwise_decay == 1.0  # what the torch side above writes
+
+  b, s, sep, cls = 8, 16, 4, 3
+  ours, theirs = [], []
+  state = tx.init(params)
+  for t in range(steps):
+    rng = np.random.default_rng(t % 2)
+    n = rng.integers(6, s + 1, b)  # real tokens: A <sep> B <sep> <cls>
+    ids, types, groups = np.full((b, s), 5), np.zeros((b, s), np.int64), np.zeros((b, s), np.int64)
+    for i, k in enumerate(n):
+      a = (k - 3) // 2
+      ids[i, :k] = rng.integers(9, 64, k)
+      ids[i, a], ids[i, k - 2], ids[i, k - 1] = sep, sep, cls
+      types[i, a + 1:k - 1], types[i, k - 1], groups[i, :k] = 1, 2, 1
+    label = (ids[:, 0] % 2).astype(np.int32)
+    batch = dict(input_ids=ids.astype(np.int32), type_ids=types.astype(np.int32), groups=groups.astype(np.int32),
+                 label=label, example_weight=np.ones(b, np.float32))
+    params, state, loss = step(params, state, batch, jnp.uint32(0), jnp.int32(t))
+    ours.append(float(loss))
+    left = lambda x, fill: torch.tensor(np.stack([np.concatenate([np.full(s - k, fill), row[:k]])
+                                                  for row, k in zip(x, n)]))
+    out = reference(input_ids=left(ids, 5), token_type_ids=left(types, 3), attention_mask=left(groups, 0),
+                    labels=torch.tensor(label, dtype=torch.long))
+    theirs.append(ref.train_step(out.loss, opt, sched, list(reference.parameters()), o.clip_norm))
+  np.testing.assert_allclose(ours, theirs, rtol=1e-3)
+  assert np.mean(theirs[-5:]) < np.mean(theirs[:5])  # it learned
+  _, final = hx.export(pre, jax.tree.map(np.asarray, params), "classifier")
+  expected = reference.state_dict()
+  for key, value in final.items():
+    want = expected[key].detach().numpy()
+    assert np.abs(value - want).max() / max(np.abs(want).max(), 1e-3) <= 1e-3, key
