@@ -95,6 +95,9 @@ def prepare(config, loaded, raw: tuple | None = None) -> TaskData:
   task = config.task
   train_ex, evals = raw if raw is not None else read(config)
   head = head_kind(config, loaded)
+  _check(head != "xlnet" or not config.get("save_model", False),
+         "save_model: a fine-tuned XLNet classifier cannot be saved yet (no reader for it); set "
+         "--config.save_model=False")
   pooler = pretrained_pooler(loaded)
   encoded = [task_data.encode(ex, loaded.tokenizer, config.seq_len) for ex in evals]
   eval_arrays = {k: np.concatenate([e[k] for e in encoded]) for k in encoded[0]}
