@@ -71,34 +71,43 @@ def _plugin():
   build._PLUGINS.remove(PLUGIN)
 
 
-def test_memory_threads_through_microbatches_and_survives_a_skipped_step(tmp_path):
+def _first_step(tmp_path, **overrides):
   from bertjax.core import sharding
   from bertjax.data import pipeline
 
-  config = _config(tmp_path)
+  config = _config(tmp_path, **overrides)
   data = pipeline.build(config)
-  mesh = sharding.make_mesh(config.sharding)
-  one = build.make_steps(config, mesh, data.tokenizer.special)
-  state = one.init(jax.random.key(0))
+  steps = build.make_steps(config, sharding.make_mesh(config.sharding), data.tokenizer.special)
+  state = steps.init(jax.random.key(0))
+  batch = loop.global_batch(data.train_batch(0, 8, config.seed), steps.batch_sharding)
+  return steps, state, batch
+
+
+def test_memory_threads_through_the_step_and_survives_a_skipped_step(tmp_path):
+  one, state, batch = _first_step(tmp_path)
   assert jax.tree.map(jnp.shape, state.memory) == dict(h=(MEM_LEN, 8, HIDDEN), valid=(8, MEM_LEN))
   assert state.memory["h"].sharding.spec[1] == one.batch_sharding.spec[0]  # split over devices as the batch is
   assert state.memory["valid"].sharding.spec[0] == one.batch_sharding.spec[0]
-  batch = loop.global_batch(data.train_batch(0, 8, config.seed), one.batch_sharding)
   table = np.asarray(state.params["embed"]["embedding"])
   after, metrics = one.train(state, batch)
   np.testing.assert_array_equal(after.memory["valid"][:, -REUSE:], 1)
+  assert not np.asarray(after.memory["valid"][:, :MEM_LEN - REUSE]).any()
   pushed = np.swapaxes(table[np.asarray(batch["input_ids"])[:, :REUSE]], 0, 1)  # this step's reuse part, newest last
   np.testing.assert_array_equal(after.memory["h"][-REUSE:], pushed)
-  assert not np.asarray(after.memory["valid"][:, :MEM_LEN - REUSE]).any()
-  config.grad_accum_steps = 2
-  two = build.make_steps(config, mesh, data.tokenizer.special)
-  after2, metrics2 = two.train(two.init(jax.random.key(0)), batch)
-  np.testing.assert_array_equal(after2.memory["h"], after.memory["h"])  # each microbatch's rows in their place
-  np.testing.assert_allclose(float(metrics2["loss"].total), float(metrics["loss"].total), rtol=1e-6)
   kept = np.asarray(after.memory["h"])
   skipped, m = one.train(after.replace(params=jax.tree.map(lambda x: x * jnp.nan, after.params)), batch)
   assert float(m["skipped"].value) == 1
   np.testing.assert_array_equal(skipped.memory["h"], kept)  # the streams keep their memory
+
+
+@pytest.mark.slow  # two more compiles (~5 s)
+def test_microbatches_carry_their_rows_memory(tmp_path):
+  one, state, batch = _first_step(tmp_path)
+  after, metrics = one.train(state, batch)
+  two, state2, _ = _first_step(tmp_path, grad_accum_steps=2)
+  after2, metrics2 = two.train(state2, batch)
+  np.testing.assert_array_equal(after2.memory["h"], after.memory["h"])  # each microbatch's rows in their place
+  np.testing.assert_allclose(float(metrics2["loss"].total), float(metrics["loss"].total), rtol=1e-6)
 
 
 @pytest.mark.slow  # two short runs of the whole loop (~20 s on two cores)
