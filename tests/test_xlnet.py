@@ -7,8 +7,6 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may download
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,13 +31,14 @@ def tiny_cfg(**kw) -> EncoderConfig:
 
 
 def segment_inputs(rng, attn_type="bi"):
-  """One segment's inputs: ids, segment ids 0/1/2, a random perm_mask, P one-hot targets per row, row 1
-  left-padded by two (uni: transformers cannot combine its causal mask with a data mask, so none)."""
+  """One segment's inputs: ids, segment ids 0/1/2, a random perm_mask, P one-hot targets per row (row 1's last
+  one a padding row of zeros), row 1 left-padded by two (uni: transformers cannot combine its causal mask with a data mask, so none)."""
   ids, types = rng.integers(0, 64, (B, S)), rng.integers(0, 3, (B, S))
   perm = (rng.random((B, S, S)) < 0.4).astype(np.float32)
   tm = np.zeros((B, P, S), np.float32)
   for b in range(B):
     tm[b, np.arange(P), rng.choice(S, P, replace=False)] = 1
+  tm[1, -1] = 0  # a padding row: no prediction there
   mask = np.ones((B, S), np.float32)
   mask[1, :2] = 0
   if attn_type == "uni":

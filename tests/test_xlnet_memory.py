@@ -62,6 +62,8 @@ def test_a_fifo_bookkeeping_equals_algorithm_1(zeros_visible):
       assert state["mem_valid"][0, n_m - mem_n:].all() and state["cmem_valid"][0, n_cm - cmem_n:].all()
     np.testing.assert_allclose(np.asarray(mem[0, n_m - mem_n:]), m[n_m - mem_n:], atol=1e-6)
     np.testing.assert_allclose(np.asarray(cmem[0, n_cm - cmem_n:]), cm[n_cm - cmem_n:], atol=1e-6)
+  axes = memory_lib.logical_axes(state)  # how a training state shards it: by batch, as the batch
+  assert {k: len(v) for k, v in axes.items()} == {k: v.ndim for k, v in state.items()}
 
 
 def test_b_compression_functions():

@@ -8,9 +8,6 @@ weights [out, in] (ours [in, out]). bertjax stacks the layers on a leading axis 
 mask_emb is [1, 1, d] there and [d] here. The LM weight is tied to the word embedding; its bias is `lm_loss/bias`.
 """
 
-import json
-import os
-
 import numpy as np
 
 from bertjax.core import config as config_lib
@@ -169,14 +166,6 @@ def kind_of(hf: dict, tensors: dict) -> str:
   if "qa_outputs.weight" in tensors:
     return "span"
   return "base"
-
-
-def read_config(hf_dir: str) -> dict:
-  path = os.path.join(hf_dir, "config.json")
-  if not os.path.isfile(path):
-    raise UserError(f"no config.json at {path}; point --hf_dir at an HF checkpoint directory")
-  with open(path) as f:
-    return json.load(f)
 
 
 def model_for(config, kind: str, num_labels: int = 2, deterministic: bool = True):

@@ -10,7 +10,7 @@ the config checks ask the kind, and never test its name. Which config key select
 | `position`  | `position`                | `learned`, `rope` (bertjax.model.positions), `complex_order` (.complex_order) |
 | `norm`      | `norm`                    | `post`, `pre` (bertjax.model.norms), `nonorm` (.nonorm) |
 | `ffn`       | `ffn`                     | `mlp`, `geglu` (bertjax.model.ffn)              |
-| `layer`     | `layer`                   | `bert`, `mobilebert` (bertjax.model.layer_kinds) |
+| `layer`     | `layer`                   | `bert`, `mobilebert` (bertjax.model.layer_kinds), `xlnet` (.xlnet_models) |
 
 What a kind of each family answers is written in its base class below; docs/layout.md shows how to add one
 (and tests/test_kinds.py registers a toy kind from outside the package and trains it).

@@ -93,6 +93,14 @@ def empty(num_layers: int, batch: int, d_model: int, mc: MemoryConfig, dtype=jnp
   return state
 
 
+def logical_axes(state: dict) -> dict:
+  """The logical axis names of each array of a memory state (bertjax.core.sharding): batch-sharded like the
+  batch, for a training state that carries memory between steps."""
+  names = {"mem": (None, sh.BATCH, None, sh.ACT_EMBED), "cmem": (None, sh.BATCH, None, sh.ACT_EMBED),
+           "mem_valid": (sh.BATCH, None), "cmem_valid": (sh.BATCH, None)}
+  return {k: names[k] for k in state}
+
+
 def fifo(buffer, rows):
   """Pushes `rows` [B, R, ...] into the oldest-first `buffer` [B, M, ...]: (the last M rows of both, the
   first R rows, which fall out)."""

@@ -58,6 +58,15 @@ def rel_shift(x, klen: int):
   return x.reshape(b, n, q, r - 1)[:, :, :, :klen]
 
 
+def rel_gather(x, at, klen: int, qlen: int):
+  """`rel_shift` for queries standing at positions at [B, Q] of a qlen-long input: x [B, N, Q, R] -> [B, N, Q, klen],
+  column j read at index qlen - at + j, the distance rel_shift gives that pair (uni's masked region past the
+  diagonal, beyond the R distances, is clipped)."""
+  idx = qlen - at[:, None, :, None] + jnp.arange(klen)[None, None, None, :]
+  idx = jnp.broadcast_to(idx, x.shape[:3] + (klen,))
+  return jnp.take_along_axis(x, idx, axis=3, mode="clip")
+
+
 def segment_matrix(type_ids, mem_slots: int):
   """[B, S, mem_slots + S] bool: True where query i and key j are in different segments. Memory slots count
   as segment 0 (transformers' mem_pad)."""

@@ -1,6 +1,6 @@
 """XLNet's transformer (Yang et al., NeurIPS 2019; transformers' XLNetModel): relative attention with per-layer
-r_w/r_r/r_s biases and relative segment encoding, two-stream attention (content stream h, query stream g over
-`target_mapping`, which `perm_mask` restricts), and Transformer-XL memory of each layer's input with the
+r_w/r_r/r_s biases and relative segment encoding, two-stream attention (content stream h, query stream g at the
+positions `target_mapping` names, which `perm_mask` restricts; computed for those P positions only), and Transformer-XL memory of each layer's input with the
 Compressive Transformer's compressed memory as an option (bertjax.model.memory).
 
 The layers run under the encoder's scan (bertjax.model.encoder.scan_layers: parameters stacked per layer, one
@@ -53,14 +53,19 @@ class RelativeAttention(Block):
     dt = self.cfg.dtype
     return jnp.einsum("btd,dnh->btnh", x.astype(dt), w.astype(dt))
 
-  def core(self, q, k, v, k_r, seg, penalty):
-    """Attention of queries q [B, S, N, D] over keys/values [B, K, N, D] with the relative encoding's keys k_r
-    [B, R, N, D], the segment matrix seg [B, S, K] (None: no segment term) and the penalty [B, S, K].
-    Returns (the heads' outputs [B, S, N, D], the probabilities [B, N, S, K] before dropout)."""
+  def core(self, q, k, v, k_r, seg, penalty, at=None, qlen=0):
+    """Attention of queries q [B, Q, N, D] over keys/values [B, K, N, D] with the relative encoding's keys k_r
+    [B, R, N, D], the segment matrix seg [B, Q, K] (None: no segment term) and the penalty [B, Q, K].
+    Returns (the heads' outputs [B, Q, N, D], the probabilities [B, N, Q, K] before dropout). Queries are the
+    input's S positions, or with `at` [B, Q] the positions of a qlen-long input they stand at (the query stream's
+    targets)."""
     f32 = jnp.float32
     ac = jnp.einsum("bind,bjnd->bnij", q + self.r_w_bias.astype(q.dtype), k, preferred_element_type=f32)
     bd = jnp.einsum("bind,bjnd->bnij", q + self.r_r_bias.astype(q.dtype), k_r, preferred_element_type=f32)
-    score = ac + relative.rel_shift(bd, k.shape[1])
+    if at is None:
+      score = ac + relative.rel_shift(bd, k.shape[1])
+    else:
+      score = ac + relative.rel_gather(bd, at, k.shape[1], qlen)
     if seg is not None:  # the score of "same segment" (seg_embed[0]) or "different" (seg_embed[1]) per pair
       ef = jnp.einsum("bind,snd->bnis", q + self.r_s_bias.astype(q.dtype), self.seg_embed.astype(q.dtype),
                       preferred_element_type=f32)
@@ -111,11 +116,14 @@ class XLNetLayer(Block):
     heads, probs = attn.core(attn.project(h, attn.q), k, v, k_r, seg, inputs["penalty_h"])
     new_h = ff(attn.post(h, heads)).astype(c.dtype)
     new_g = None
-    if g is not None:  # the query stream: the same weights and keys, its queries placed by target_mapping
-      tm = inputs["target_mapping"].astype(c.dtype)
-      q_g = jnp.einsum("bmnd,bml->blnd", attn.project(g, attn.q), tm)
-      heads_g, _ = attn.core(q_g, k, v, k_r, seg, inputs["penalty_g"])
-      new_g = ff(attn.post(g, jnp.einsum("blnd,bml->bmnd", heads_g, tm))).astype(c.dtype)
+    if g is not None:  # the query stream: the same weights and keys, queries at the targets' positions only
+      # transformers scatters the P queries to all S positions, attends and gathers back; with one-hot rows of
+      # target_mapping (zero rows: padding, whose output is LN(g)) attending at the P positions is the same.
+      tm = inputs["target_mapping"]
+      at, real = jnp.argmax(tm, axis=-1), jnp.sum(tm, axis=-1).astype(c.dtype)
+      rows = lambda x: None if x is None else jnp.take_along_axis(x, at[:, :, None], axis=1)
+      heads_g, _ = attn.core(attn.project(g, attn.q), k, v, k_r, rows(seg), rows(inputs["penalty_g"]), at, h.shape[1])
+      new_g = ff(attn.post(g, heads_g * real[:, :, None, None])).astype(c.dtype)
     return (new_h, new_g), self.remember(h, memory, probs, attn, inputs["validity"])
 
   def remember(self, h, memory, probs, attn, validity):
@@ -173,6 +181,8 @@ class XLNet(Block):
     if memory is None:
       memory = memory_lib.empty(c.num_layers, b, c.hidden_size, mc, c.dtype)
     rows = mc.push_rows(s)
+    if rows > s:
+      raise UserError(f"model.xlnet.reuse_len={mc.reuse_len} is longer than the segment ({s} tokens): use at most {s}")
     if memory is not None and mc.cmem_len and rows % mc.cmem_rate:
       raise UserError(f"model.xlnet.cmem_rate={mc.cmem_rate} must divide the {rows} rows each segment pushes")
     key_valid = memory_lib.key_valid(memory, b, mc)

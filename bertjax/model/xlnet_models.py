@@ -36,7 +36,7 @@ class XLNetLMHeadModel(nn.Module):
   """XLNet with its LM head: the pretraining model (`Pretrainer`'s place for model.layer=xlnet).
 
   __call__(batch, memory=None): batch holds `input_ids` [B, S] and as wanted `type_ids` [B, S] (segment ids
-  0/1/2; absent: no segment term), `groups` [B, S] (1 real, 0 padding; absent: no padding), `perm_mask`
+  0/1/2; absent: no segment term), `groups` [B, S] (> 0 real, 0 padding; absent: no padding), `perm_mask`
   [B, S, S], `target_mapping` [B, P, S]; `memory` is the state of bertjax.model.memory (None: empty). Returns
   {"logits": [B, P or S, V] float32, "memory": the next state or None, "cmem_loss": scalar float32}.
   `forward(...)` takes the same inputs as keywords (XLNet.__call__'s)."""
@@ -67,8 +67,9 @@ class XLNetLMHeadModel(nn.Module):
     self.lm_loss = LMBias(self.cfg.vocab_size)
 
   def __call__(self, batch, memory=None):
-    return self.forward(batch["input_ids"], batch.get("type_ids"), batch.get("groups"), batch.get("perm_mask"),
-                        batch.get("target_mapping"), memory)
+    groups = batch.get("groups")  # bertjax's rows: example ids, 0 on padding (XLNet's streams are not packed)
+    return self.forward(batch["input_ids"], batch.get("type_ids"), None if groups is None else groups > 0,
+                        batch.get("perm_mask"), batch.get("target_mapping"), memory)
 
   def forward(self, input_ids, type_ids=None, attention_mask=None, perm_mask=None, target_mapping=None, memory=None):
     out = self.transformer(input_ids, type_ids, attention_mask, perm_mask, target_mapping, memory)
@@ -132,13 +133,12 @@ class XLNetSpanHead(nn.Module):
 def forward_flops(c: EncoderConfig, mc: MemoryConfig, seq_len: int, predictions: int) -> float:
   """Forward matmul FLOPs per token of the transformer: per layer the q and o projections, k and v over memory
   and input, r over the klen + seq_len distances, the three score terms and the weighted sum over klen keys, the
-  FFN; the query stream's attention over every position (as transformers computes it after target_mapping's
-  scatter) and its projections and FFN on the predicted positions."""
+  FFN; the query stream's attention, projections and FFN on the predicted positions only."""
   d, s, klen = c.hidden_size, seq_len, mc.slots + seq_len
   proj = 2 * d * d * (2 + 2 * klen / s + (klen + s) / s)
   core = 2 * d * (2 * klen + (klen + s))  # ac and the weighted sum over klen keys, bd over klen + s distances
   ffn = 4 * d * c.intermediate_size
-  stream_g = (core + (4 * d * d + ffn) * predictions / s) if predictions else 0.0
+  stream_g = (core + 4 * d * d + ffn) * predictions / s
   return c.num_layers * (proj + core + ffn + stream_g)
 
 
