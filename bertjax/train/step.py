@@ -46,8 +46,9 @@ class TrainState:
   step: jax.Array
   params: Any
   opt_state: Any
-  # A recurrent model's memory (XLNet's: each layer's inputs of the previous segments), batch on axis 0, all zeros
-  # when empty; None for every other model. Checkpointed with the rest, so a resumed run continues its streams.
+  # A recurrent model's memory (XLNet's: each layer's inputs of the previous segments) in the model's own layout
+  # (StepConfig.memory_axes says where each leaf holds the batch), all zeros when empty; None for every other model.
+  # Checkpointed with the rest, so a resumed run continues its streams.
   memory: Any = None
 
 
