@@ -25,18 +25,19 @@ transformers = pytest.importorskip("transformers")
 WORDS = "good bad film plot actor scene music story the a was is very".split()
 
 
-def xlnet_dir(tmp_path):
-  """A tiny random XLNetLMHeadModel with a SentencePiece tokenizer of XLNet's special symbols."""
+def xlnet_dir(tmp_path, words=WORDS, vocab=40):
+  """A tiny random XLNetLMHeadModel with a SentencePiece tokenizer of XLNet's special symbols over `words`."""
   import sentencepiece as spm
 
   rng = np.random.default_rng(1)
-  lines = [" ".join(rng.choice(WORDS, 8)) for _ in range(400)]
+  lines = [" ".join(rng.choice(words, 8)) for _ in range(400)]
   spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(lines), model_prefix=str(tmp_path / "sp"), vocab_size=40, character_coverage=1.0,
-      control_symbols=["<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>"], pad_id=-1, minloglevel=2)
+      sentence_iterator=iter(lines), model_prefix=str(tmp_path / "sp"), vocab_size=vocab, character_coverage=1.0,
+      control_symbols=["<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>"], pad_id=-1, minloglevel=2,
+      hard_vocab_limit=False)
   d = tmp_path / "xlnet"
   torch.manual_seed(0)
-  hf = transformers.XLNetConfig(vocab_size=40, d_model=32, n_layer=2, n_head=4, d_inner=64, dropout=0.0)
+  hf = transformers.XLNetConfig(vocab_size=vocab, d_model=32, n_layer=2, n_head=4, d_inner=64, dropout=0.0)
   transformers.XLNetLMHeadModel(hf).save_pretrained(str(d))
   shutil.copy(tmp_path / "sp.model", d / "spiece.model")
   (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLNetTokenizer"}))
@@ -167,3 +168,34 @@ def test_finetuning_steps_match_transformers_xlnet_for_sequence_classification()
   for key, value in final.items():
     want = expected[key].detach().numpy()
     assert np.abs(value - want).max() / max(np.abs(want).max(), 1e-3) <= 1e-3, key
+
+
+@pytest.mark.slow  # compiles XLNet's span model and trains 60 steps (~15 s of CPU)
+def test_squad_simple_span_head_from_an_imported_xlnet(tmp_path, capsys):
+  """SQuAD v1.1 from an imported XLNet: windows in XLNet's template (question <sep> context <sep> <cls>), the
+  simple span head (XLNetForQuestionAnsweringSimple's qa_outputs), predictions scored as the official script
+  scores them, and a model that starts to learn."""
+  from bertjax.finetune.squad import evaluate as ev
+  from test_squad import _tiny_squad
+
+  data = tmp_path / "data"
+  data.mkdir()
+  words = [w for w in _tiny_squad(str(data), 120, 40, "1.1") if not w.startswith("[")]
+  hf_dir = xlnet_dir(tmp_path, words, vocab=64)
+  config = load_config("configs/finetune.py:squad1")
+  config.task.source, config.init.checkpoint = f"json:{data}", str(hf_dir)
+  config.seq_len, config.task.doc_stride, config.task.max_query_length = 32, 8, 8
+  config.seeds, config.total_steps, config.batch_size, config.learning_rate = 1, 60, 16, 2e-3
+  config.model.dropout = config.model.attention_dropout = 0.0
+  results = train.finetune(config, str(tmp_path / "ft"))
+  setup = train.prepare(config)
+  tok, ids, groups = setup["loaded"].tokenizer, setup["train"]["input_ids"], setup["train"]["groups"]
+  n = groups.sum(1)
+  assert all(ids[i, n[i] - 1] == tok.special.cls and ids[i, n[i] - 2] == tok.special.sep for i in range(len(n)))
+  model = setup["task"].model(config, setup["cfg"], setup["data"], deterministic=True)
+  _, fresh = setup["task"].init_params(model, jax.random.key(0), setup["loaded"])
+  assert fresh == ["qa_outputs"]
+  seed = tmp_path / "ft" / "seed_0"
+  official = ev.score_files(str(data / "dev-v1.1.json"), str(seed / "predictions.json"), "")
+  assert results["per_seed"][0] == pytest.approx(official)
+  assert official["f1"] > 15, official  # chance (a random span of a 4-sentence context) is well under 10
