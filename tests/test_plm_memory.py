@@ -129,3 +129,33 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_losses_and_memory(t
     np.testing.assert_array_equal(x, y)
   evals = [r["eval/plm_loss"] for r in read_metrics(cut) if "eval/plm_loss" in r]
   assert evals and np.isfinite(evals).all()
+
+
+def test_checkpoints_hold_the_memory_and_those_written_before_it_existed_still_restore(tmp_path):
+  from typing import Any
+
+  import flax
+  import orbax.checkpoint as ocp
+
+  from bertjax.train import checkpoint
+
+  @flax.struct.dataclass
+  class Before:  # TrainState as it was before it carried a memory
+    step: Any
+    params: Any
+    opt_state: Any
+
+  sds = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+  ckpt = checkpoint.Checkpointer(str(tmp_path), async_save=False)
+  old = Before(step=jnp.int32(1), params={"w": jnp.ones(3)}, opt_state=(jnp.zeros(3),))
+  ckpt.manager.save(1, args=ocp.args.Composite(state=ocp.args.StandardSave(old), manifest=ocp.args.JsonSave({})))
+  ckpt.wait()
+  target = step_lib.TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params={"w": sds(3)}, opt_state=(sds(3),))
+  restored = ckpt.restore(target)
+  assert restored.memory is None and int(restored.step) == 1
+  memory = {"mem": jnp.arange(8.0).reshape(2, 4), "mem_valid": jnp.ones((2, 4))}
+  ckpt.save(2, restored.replace(step=jnp.int32(2), memory=memory), {}, force=True)
+  ckpt.wait()
+  back = ckpt.restore(target.replace(memory={"mem": sds(2, 4), "mem_valid": sds(2, 4)}))
+  np.testing.assert_array_equal(back.memory["mem"], memory["mem"])
+  ckpt.close()
