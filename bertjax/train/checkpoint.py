@@ -41,7 +41,7 @@ class Checkpointer:
     step = self.latest_step() if step is None else step
     target = _stored(abstract_state)
     restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
-    return abstract_state.replace(**restored)
+    return abstract_state.replace(**restored) if target is not abstract_state else restored
 
   def manifest(self, step=None) -> dict:
     step = self.latest_step() if step is None else step
@@ -56,9 +56,12 @@ class Checkpointer:
     self.manager.close()
 
 
-def _stored(state) -> dict:
+def _stored(state):
   """What a checkpoint holds of a TrainState: step, params, opt_state, and the memory only where the model has one,
-  so checkpoints written before the state carried a memory restore as they are."""
+  so checkpoints written before the state carried a memory restore as they are. Any other tree (a workdir of one
+  model: bertjax.hf.workdir) as it is."""
+  if not hasattr(state, "opt_state"):
+    return state
   out = dict(step=state.step, params=state.params, opt_state=state.opt_state)
   if getattr(state, "memory", None) is not None:
     out["memory"] = state.memory
