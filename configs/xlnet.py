@@ -67,14 +67,18 @@ def get_config(arg: str = "base"):
       attn_type="bi",  # train.py default
       cmem_len=0,  # the Compressive Transformer's memory is off in XLNet's recipe (model.xlnet.cmem_* options)
   )
-  # Objectives and data: permutation LM over num_predict=85 positions per 512 (--num_predict=85, ~1/K with
-  # K=6: paper v2 Table 7); the objective and its data pipeline (perm_size 256, mask_alpha 6, mask_beta 1) come
-  # with objectives.plm. Until then the run's head budget is the prediction count.
-  c.masking.max_predictions = 85
+  # Objectives and data: permutation LM alone (no NSP: paper v2 section 2.5) on the corpus read as streams
+  # (bertjax.data.plm; docs/models.md, XLNet's data). Targets: num_predict=85 per 512 (README train.py
+  # --num_predict=85, ~1/K with K=6: paper v2 Table 7), spans of about mask_beta=1 in mask_alpha=6 tokens (README
+  # data_utils.py --mask_alpha=6 --mask_beta=1); permutation blocks perm_size=256 (train.py --perm_size=256).
+  c.objectives.mlm, c.objectives.nsp, c.objectives.plm = 0.0, 0.0, 1.0
+  c.data.perm_size, c.data.num_predict, c.data.mask_alpha, c.data.mask_beta = 256, 85, 6.0, 1.0
+  c.masking.max_predictions = c.data.num_predict  # what the FLOP count takes as the predicted positions
   c.log_every, c.eval_every, c.checkpoint_every = 100, 10_000, 10_000
   if arg == "tiny":
     tiny_on_demo(c)
     c.seq_len, c.batch_size = 64, 8  # spec sheet's CPU smoke size (B 8 parallel streams)
     m.xlnet.mem_len, m.xlnet.reuse_len, m.xlnet.bi_data = 48, 32, False
-    c.masking.max_predictions = 10  # ~64 / 6
+    c.data.perm_size, c.data.num_predict = 32, 10  # the reuse part; ~64 / 6
+    c.masking.max_predictions = c.data.num_predict
   return c

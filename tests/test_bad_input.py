@@ -78,6 +78,7 @@ def test_bad_input_leaves_an_existing_run_intact(tmp_path):
     ("configs/nope.py", (), "cannot load the config file"),
     ("configs/bert.py:tiny", ("--config.model.hiden_size=64",), "no config key 'hiden_size'; did you mean 'hidden_size'?"),
     ("configs/bert.py:tiny", ("--config.batch_size=many",), "--config.batch_size=many"),
+    ("configs/xlnet.py:tiny", ("--config.data.perm_size=40",), "data.perm_size=40 must divide both halves of the row"),
 ])
 def test_command_line_errors_are_one_line(tmp_path, spec, flag, fragment):
   proc = train_cli(tmp_path / "w", *flag, spec=spec)

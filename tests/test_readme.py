@@ -59,7 +59,7 @@ OVERRIDES = {
     ("bertjax.finetune", None, "configs/xh.py:tiny"): ({}, ("--config.total_steps=10",)),
     ("bertjax.distill", None, "configs/distill.py:tiny"): ({}, SHORT_RUN),
     ("bertjax.summary", None, "configs/bert.py:base"): ({}, ()),
-    ("bertjax.summary", None, "configs/xlnet.py:base"): ({}, ()),
+    ("bertjax.train", None, "configs/xlnet.py:tiny"): ({}, SHORT_RUN),
     ("bertjax.train", None, "configs/mobilebert.py:ib_bert_tiny"): ({}, SHORT_RUN),
     # Four phases of 2 steps, then 4 steps of pre-training distillation.
     ("bertjax.distill", None, "configs/mobilebert.py:tiny_transfer"): (

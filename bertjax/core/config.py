@@ -64,6 +64,13 @@ def defaults() -> ml_collections.ConfigDict:
       # Each line of the text source is a bracketed constituency tree, `(S (NP a b) c)` (bertjax.data.trees): rows
       # hold its leaves, then its nodes (node_first / node_last: each node's span), for attention_kind=tree.
       trees=False,
+      # XLNet's permutation LM (objective plm: data format stream, bertjax.data.plm; the reuse part of a row is
+      # model.xlnet.reuse_len): the permutation block (0: the reuse part), the targets per row (0: seq_len x
+      # mask_beta / mask_alpha), and the span sampling's context (about mask_beta of every mask_alpha tokens).
+      perm_size=0,
+      num_predict=0,
+      mask_alpha=6.0,
+      mask_beta=1.0,
   )
   # Masking.
   c.masking = dict(
@@ -166,7 +173,7 @@ def defaults() -> ml_collections.ConfigDict:
       tree_max_horiz=100, tree_max_vert=1024, tree_vertical="depth",
   )
   # Objectives: name -> weight; 0 switches one off.
-  c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0, wklm=0.0)
+  c.objectives = dict(mlm=1.0, nsp=0.0, sop=0.0, rtd=0.0, sbo=0.0, wso=0.0, sso=0.0, wklm=0.0, plm=0.0)
   # WKLM's entity replacement (objective wklm; configs/wklm.py): share of mentions replaced in data preparation,
   # and the mention slots per example (a static shape; 0: seq_len // 4).
   c.wklm = dict(replace_prob=0.5, max_mentions=0)

@@ -43,7 +43,7 @@ import numpy as np
 from bertjax.data.tokenizer import SpecialIds
 from bertjax.data.units import whole_mentions
 
-FORMATS = ("nsp", "sop", "sso", "electra", "single", "full_sentences", "packed")
+FORMATS = ("nsp", "sop", "sso", "electra", "single", "full_sentences", "packed", "stream")  # stream: bertjax.data.plm
 PAIR_FORMATS = ("nsp", "sop", "sso")
 _PACKING_BINS = 8  # open rows the `packed` format fills first-fit before the oldest is written out
 # google-research/electra build_pretraining_dataset.py, ExampleBuilder._create_example:
@@ -393,7 +393,7 @@ def make_instances(docs, fmt, seq_len, special, *, short_seq_prob=0.1, dupe_fact
   (more passes would only write identical copies; masking is dynamic: every epoch masks them anew). NSP and SSO
   need two documents at least: with fewer, there are none.
   """
-  if fmt not in FORMATS:
+  if fmt not in FORMATS or fmt == "stream":  # the stream is made by bertjax.data.plm.token_stream
     raise ValueError(f"unknown instance format {fmt!r}")
   stats = InstanceStats()
   if fmt in ("nsp", "sso") and len(docs) < 2:
@@ -421,10 +421,15 @@ def validate(config):
   d = config.data
   check(0 < d.eval_fraction < 1, f"data.eval_fraction={d.eval_fraction} must be in (0, 1)")
   check(d.format in ("auto",) + FORMATS,
-        f"data.format={d.format!r}; use auto, electra, single, full_sentences or packed (nsp and sop follow the objectives)")
+        f"data.format={d.format!r}; use auto, electra, single, full_sentences or packed (nsp, sop and plm's stream "
+        "follow the objectives)")
   check(config.model.type_vocab_size >= 2 or d.format != "electra",
         "data.format=electra makes segment-B tokens (type id 1); set --config.model.type_vocab_size=2")
   check(d.tokenizer_model in ("unigram", "bpe"), f"data.tokenizer_model={d.tokenizer_model!r}; use unigram or bpe")
+  if config.objectives.get("plm", 0) or d.format == "stream":
+    from bertjax.data import plm  # the stream format's windows: reuse part, permutation blocks, targets
+
+    plm.validate(config)
   if d.get("units", "") or d.source == "units":
     from bertjax.data import units  # span files are checked (they exist) before anything is prepared
 

@@ -25,7 +25,7 @@ import sys
 import numpy as np
 
 from bertjax.core.errors import UserError
-from bertjax.data import cache_entry, instances, prepare_lib, shards, sources, trees, units
+from bertjax.data import cache_entry, instances, plm, prepare_lib, shards, sources, trees, units
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.data.tokenizer_spec import load_tokenizer
 
@@ -37,6 +37,22 @@ class Dataset:
   tokenizer: Tokenizer
   stats: dict  # counts to report at start-up: source, train, eval (as prepared) and format
   token_counts: np.ndarray = None  # int64 [tokenizer vocab] of the train text, as prepared (None: not stored)
+  windows: plm.Layout = None  # the stream format's (XLNet's PLM): how batches are cut from the token streams
+
+  def train_batch(self, step: int, batch_size: int, seed: int, process_index: int = 0, process_count: int = 1):
+    """This process's rows of global training batch `step`: `batch_at`, or the streams' windows (plm.batch_at)."""
+    if self.windows is None:
+      return batch_at(self.train, step, batch_size, seed, process_index, process_count)
+    return plm.batch_at(self._stream("train"), step, batch_size, seed, self.windows, process_index, process_count)
+
+  def eval_batches(self, batch_size: int, process_index: int = 0, process_count: int = 1):
+    """The whole eval set, this process's share: `eval_batches`, or the eval streams' windows in order."""
+    if self.windows is None:
+      return eval_batches(self.eval, batch_size, process_index, process_count)
+    return plm.eval_batches(self._stream("eval"), batch_size, self.windows, process_index, process_count)
+
+  def _stream(self, split: str) -> plm.Stream:
+    return plm.Stream(getattr(self, split), self.stats[split].tokens, self.windows.seq_len)
 
 
 def cache_dir(config) -> str:
@@ -189,7 +205,7 @@ def _open_shards(config, directory: str, cached: bool = False) -> Dataset:
   stats = dict(source=sources.SourceStats(**counts["source"]), format=fmt,
                train=instances.InstanceStats(**counts["train"]), eval=instances.InstanceStats(**counts["eval"]))
   return Dataset(shards.open_split(directory, meta, "train"), shards.open_split(directory, meta, "eval"), tok, stats,
-                 shards.read_token_counts(directory, meta))
+                 shards.read_token_counts(directory, meta), plm.layout(config, tok.special) if fmt == "stream" else None)
 
 
 def corpus_token_counts(data: Dataset, vocab_size: int) -> np.ndarray:

@@ -33,7 +33,8 @@ import time
 import numpy as np
 
 from bertjax.core.errors import UserError
-from bertjax.data import hf_tokenizer, instances, shards, sources, trees, units
+from bertjax.data import hf_tokenizer, instances, plm, shards, sources, trees, units
+from bertjax.data.progress import Progress
 from bertjax.data.tokenizer import reservoir_sample, Tokenizer, train_sentencepiece
 from bertjax.data.tokenizer_spec import load_tokenizer
 
@@ -73,7 +74,7 @@ class Settings:
 @dataclasses.dataclass
 class ChunkResult:
   split: str
-  records: np.ndarray  # structured rows, Settings.dtype
+  records: np.ndarray  # structured rows, Settings.dtype (the stream format: one record a token, plm.StreamWriter)
   stats: instances.InstanceStats
   documents: int
   sentences: int
@@ -84,8 +85,17 @@ class ChunkResult:
 def resolve_format(config) -> str:
   """The instance format of a run: the sentence objective's pairs, else config.data.format (auto: single).
 
-  The sentence objectives are named like the pair formats they train on (nsp, sop)."""
+  The sentence objectives are named like the pair formats they train on (nsp, sop); XLNet's plm reads windows of
+  a token stream (bertjax.data.plm)."""
   sentence = [o for o, weight in sorted(config.objectives.items()) if weight and o in instances.PAIR_FORMATS]
+  if config.objectives.get("plm", 0):
+    if sentence or config.data.format not in ("auto", "stream"):
+      raise UserError(f"objective plm reads a token stream, not {(sentence or [config.data.format])[0]} instances; "
+                      "set --config.data.format=auto and switch off the sentence objectives")
+    return "stream"
+  if config.data.format == "stream":
+    raise UserError("data.format='stream' makes the token stream of objective plm, which the config does not train; "
+                    "set --config.objectives.plm or --config.data.format=auto")
   if len(sentence) > 1:
     raise UserError(f"objectives {sentence} need different instances; keep one of them in --config.objectives")
   needed, chosen = (sentence[0] if sentence else "single"), config.data.format
@@ -190,6 +200,12 @@ def _text_rows(settings, split, index, docs, tok) -> tuple:
       tokenized.append(encoded)
       if train:  # the corpus unigram counts (masking.replace_dist=unigram, masking.smoothing) are the train text's
         counts += np.bincount(np.concatenate([e[0] for e in encoded]), minlength=tok.vocab_size)[:tok.vocab_size]
+  if settings.fmt == "stream":  # one run of tokens, cut into rows by the main process (plm.StreamWriter)
+    stream, n = plm.token_stream(tokenized, tok.special.sep)
+    records = np.empty(n, [(name, settings.dtype[name].base) for name in plm.FIELDS])  # one record a token
+    for name in plm.FIELDS:
+      records[name] = stream[name]
+    return ChunkResult(split, records, instances.InstanceStats(tokens=n), len(docs), sentences, tokens, counts)
   arrays, stats = instances.make_instances(
       tokenized, settings.fmt, settings.seq_len, tok.special,
       short_seq_prob=settings.short_seq_prob if train else 0.0, dupe_factor=settings.dupe_factor if train else 1,
@@ -289,6 +305,8 @@ def _claim_directory(directory: str, overwrite: bool):
 
 
 def _fields(fmt: str, with_units: bool = False, with_trees: bool = False) -> list:
+  if fmt == "stream":
+    return list(plm.FIELDS)
   return ["input_ids", "type_ids", "word_start", "groups", "sentence_label"] + (
       ["position_ids"] if fmt == "packed" else []) + (["unit_start", "mention"] if with_units else []) + (
       list(trees.FIELDS) if with_trees else [])
@@ -341,6 +359,8 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
   t1 = time.time()
   stats = sources.SourceStats()
   writers = {split: shards.ShardWriter(directory, split, settings.dtype) for split in ("train", "eval")}
+  if fmt == "stream":  # chunks' token runs into rows of seq_len tokens
+    writers = {split: plm.StreamWriter(w, config.seq_len, tok.special.sep) for split, w in writers.items()}
   made = {split: instances.InstanceStats() for split in writers}
   documents, sentences, tokens = dict(train=0, eval=0), 0, 0
   token_counts = np.zeros(tok.vocab_size, np.int64)
@@ -356,6 +376,8 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
     if bar:
       bar.update(stats, tokens, made["train"].instances + made["eval"].instances)
   files = {split: w.close() for split, w in writers.items()}
+  for split, w in writers.items() if fmt == "stream" else ():
+    made[split].instances, made[split].tokens = w.rows, w.tokens  # rows written; the stream's tokens
   seconds = time.time() - t1
   if bar:
     bar.update(stats, tokens, made["train"].instances + made["eval"].instances, force=True)

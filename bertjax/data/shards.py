@@ -33,7 +33,8 @@ SHARD_BYTES = 1 << 30  # a shard file holds about this many bytes of rows
 # Stored type of each field (input_ids: see storage_types); _SCALARS are one value per row.
 _STORED = dict(type_ids="u1", word_start="?", groups="<u2", position_ids="<u2", sentence_label="u1",
                unit_start="?", mention="u1",  # entity/phrase spans (bertjax.data.units)
-               node_first="<i2", node_last="<i2")  # tree nodes' spans (bertjax.data.trees)
+               node_first="<i2", node_last="<i2",  # tree nodes' spans (bertjax.data.trees)
+               sentence_parity="?")  # the stream format's sentence flips (bertjax.data.plm)
 _SCALARS = ("sentence_label",)
 
 
@@ -50,7 +51,7 @@ def row_dtype(types: list, seq_len: int) -> np.dtype:
 
 def _widen(name: str, column: np.ndarray) -> np.ndarray:
   """A stored column in the type batches carry (int32, or bool for word_start and unit_start)."""
-  return column.astype(bool if name in ("word_start", "unit_start") else np.int32)
+  return column.astype(bool if name in ("word_start", "unit_start", "sentence_parity") else np.int32)
 
 
 def to_records(arrays: dict, dtype: np.dtype) -> np.ndarray:

@@ -24,19 +24,20 @@ def _init_fn(model: nn.Module):
   return jax.jit(lambda r: model.init({"params": r}, ids, ids, jnp.ones_like(ids))["params"])
 
 
-def init_params(model: nn.Module, rng, pretrained: dict, pooler: dict | None) -> tuple[dict, list]:
-  """(params, names of the freshly initialized parts): embeddings and encoder from `pretrained` (a
-  Pretrainer params tree), the pooler from `pooler` when given, the classifier always fresh."""
+def init_params(model: nn.Module, rng, pretrained: dict, pooler: dict | None,
+                parts: tuple = ("embeddings", "encoder")) -> tuple[dict, list]:
+  """(params, names of the freshly initialized parts): `parts` (embeddings and encoder; XLNet's transformer) from
+  `pretrained` (a Pretrainer params tree), the pooler from `pooler` when given, the classifier always fresh."""
   fresh = _init_fn(model)(rng)
   params = dict(sh.strip_boxes(fresh))
-  for name in ("embeddings", "encoder"):
+  for name in parts:
     want = jax.tree.map(np.shape, params[name])
     have = jax.tree.map(np.shape, pretrained[name])
     if want != have:
       raise UserError(f"the checkpoint's {name} do not fit the model built from its config; is config.json "
                       "the checkpoint's own?")
     params[name] = jax.tree.map(jnp.asarray, pretrained[name])
-  new = [name for name in params if name not in ("embeddings", "encoder")]
+  new = [name for name in params if name not in parts]
   fits = lambda a, b: jax.tree.structure(jax.tree.map(np.shape, a)) == jax.tree.structure(jax.tree.map(np.shape, b))
   if pooler is not None and "pooler" in params and fits(pooler, params["pooler"]):  # (a BERT pooler is no ModernBERT head)
     params["pooler"] = jax.tree.map(jnp.asarray, pooler)

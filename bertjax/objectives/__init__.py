@@ -8,7 +8,7 @@ step with gradient accumulation exactly the large-batch step. Adding one is a mo
 
 from bertjax.core.config import active_objectives, check
 from bertjax.core.metrics import Mean
-from bertjax.objectives import distill, mlm, rtd, sbo, sentence, transfer, wklm, wso
+from bertjax.objectives import distill, mlm, plm, rtd, sbo, sentence, transfer, wklm, wso
 
 REGISTRY = {
     "mlm": mlm,
@@ -19,6 +19,7 @@ REGISTRY = {
     "wso": wso,
     "sso": sentence.sso,
     "wklm": wklm,  # WKLM's entity replacement (configs/wklm.py)
+    "plm": plm,  # XLNet's permutation LM (configs/xlnet.py), alone: it reads a token stream (bertjax.data.plm)
     # Against a frozen teacher (configs/distill.py; the model is then a bertjax.model.distill.Distiller).
     "distill_ce": distill.ce,
     "distill_ce_masked": distill.ce_masked,
@@ -58,7 +59,7 @@ def total_loss(objectives: dict, outputs, batch, denominators=None):
 
 def validate(config):
   """Checks config.objectives: known names, at least MLM, the pairings some objectives need (rtd and a
-  generator, sentence pairs and segment types, sbo/wso and an MLM head, wklm and its mentions), and
+  generator, sentence pairs and segment types, sbo/wso and an MLM head, wklm and its mentions, plm alone), and
   distillation's MLM-only student;
   raises UserError with the fix on the first problem."""
   m = config.model
@@ -71,6 +72,11 @@ def validate(config):
   check(not config.get("teacher") or not others,
         f"distillation trains an MLM student: set the {', '.join(others)} weight{'s' if len(others) > 1 else ''} to 0")
   check(bool(objectives), "no objective has a nonzero weight; set e.g. --config.objectives.mlm=1")
+  if "plm" in objectives:  # XLNet: no MLM, no NSP (the paper's §2.5); its rows are windows of a stream
+    others = sorted(set(objectives) - {"plm"})
+    check(not others, f"the plm objective trains alone (XLNet has no MLM or sentence objective); set the "
+                      f"{', '.join(others)} weight{'s' if len(others) > 1 else ''} to 0")
+    return
   check("mlm" in objectives or any(o.startswith("transfer_") for o in objectives),
         "every setup here trains an MLM head (ELECTRA's generator included); set --config.objectives.mlm")
   check(not any(o.startswith("transfer_") for o in objectives) or config.get("teacher"),

@@ -35,6 +35,7 @@ from absl import flags
 from bertjax.core import config as config_lib, runtime, sharding
 from bertjax.core.cli import cli, config_and_phase_flags, run
 from bertjax.core.errors import UserError
+from bertjax.data import plm
 from bertjax.data.tokenizer import SPM_SPECIAL
 from bertjax.model import flops
 from bertjax.train import build
@@ -61,7 +62,7 @@ def synthetic_batch(config, batch_size: int, seed: int = 0) -> dict:
   split = rng.integers(2, s - 2, batch_size)  # the [SEP] that ends A
   ids[:, 0], ids[:, -1] = sp.cls, sp.sep
   ids[np.arange(batch_size), split] = sp.sep
-  return dict(
+  batch = dict(
       input_ids=ids,
       type_ids=(np.arange(s)[None] > split[:, None]).astype(np.int32),
       word_start=rng.random((batch_size, s)) < 0.7,
@@ -69,6 +70,14 @@ def synthetic_batch(config, batch_size: int, seed: int = 0) -> dict:
       sentence_label=rng.integers(0, 2, batch_size, dtype=np.int32),
       example_weight=np.ones(batch_size, np.float32),
   )
+  if "plm" in config_lib.active_objectives(config):  # XLNet's targets and factorization orders (bertjax.data.plm)
+    r, p = plm.reuse_len(config), plm.perm_size(config)
+    batch["plm_masked"] = np.zeros((batch_size, s), bool)
+    for row in batch["plm_masked"]:
+      row[rng.choice(s - 1, plm.num_predict(config), replace=False)] = True
+    batch["perm_rank"] = np.stack([np.concatenate([plm.local_perm(rng, r, p), plm.local_perm(rng, s - r, p)])
+                                   for _ in range(batch_size)])
+  return batch
 
 
 def setup(config, batch_size: int = 0, batch: dict | None = None) -> Bench:

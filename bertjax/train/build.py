@@ -22,7 +22,8 @@ from bertjax.data import instances, prepare_lib
 from bertjax.data.tokenizer import SpecialIds
 from bertjax.model import config as model_config, kinds
 from bertjax.model.pretrain import Pretrainer
-from bertjax.objectives import masking, wklm
+from bertjax.data import plm as plm_data
+from bertjax.objectives import masking, plm, wklm
 from bertjax.train import optim, step as step_lib
 
 
@@ -98,11 +99,16 @@ def dummy_batch(config, batch_size: int = 1) -> dict:
   s, p = config.seq_len, config_lib.max_predictions(config)
   q = masking.shuffle_slots(s, config.masking.wso_share)
   ints = lambda *shape: jnp.zeros(shape, jnp.int32)
-  return dict(input_ids=ints(batch_size, s), original_ids=ints(batch_size, s), type_ids=ints(batch_size, s),
-              groups=jnp.ones((batch_size, s), jnp.int32), mlm_positions=ints(batch_size, p),
-              mlm_weights=jnp.zeros((batch_size, p)), span_left=ints(batch_size, p), span_right=ints(batch_size, p),
-              wso_positions=ints(batch_size, max(q, 1)), wklm_first=ints(batch_size, wklm.slots(config)),
-              wklm_last=ints(batch_size, wklm.slots(config)))
+  out = dict(input_ids=ints(batch_size, s), original_ids=ints(batch_size, s), type_ids=ints(batch_size, s),
+             groups=jnp.ones((batch_size, s), jnp.int32), mlm_positions=ints(batch_size, p),
+             mlm_weights=jnp.zeros((batch_size, p)), span_left=ints(batch_size, p), span_right=ints(batch_size, p),
+             wso_positions=ints(batch_size, max(q, 1)), wklm_first=ints(batch_size, wklm.slots(config)),
+             wklm_last=ints(batch_size, wklm.slots(config)))
+  if "plm" in config_lib.active_objectives(config):  # what objectives.plm.inputs adds to a batch
+    n = plm_data.num_predict(config)
+    out.update(perm_mask=jnp.zeros((batch_size, s, s)), target_mapping=jnp.zeros((batch_size, n, s)),
+               plm_positions=ints(batch_size, n), plm_labels=ints(batch_size, n), plm_weights=jnp.zeros((batch_size, n)))
+  return out
 
 
 def host_batch_spec(config, batch_size: int) -> dict:
@@ -118,6 +124,8 @@ def host_batch_spec(config, batch_size: int) -> dict:
     spec["unit_start"], spec["mention"] = sds((batch_size, s), jnp.bool_), sds((batch_size, s), jnp.int32)
   if config.data.get("trees", False):  # tree nodes' spans (bertjax.data.trees)
     spec["node_first"] = spec["node_last"] = sds((batch_size, s), jnp.int32)
+  if prepare_lib.resolve_format(config) == "stream":  # XLNet's windows: targets and permutation ranks
+    spec["plm_masked"], spec["perm_rank"] = sds((batch_size, s), jnp.bool_), sds((batch_size, s), jnp.int32)
   return spec
 
 
@@ -132,10 +140,54 @@ def param_shapes(config) -> dict:
   return sharding.strip_boxes(jax.eval_shape(functools.partial(init_params, model, config), jax.random.key(0)))
 
 
-def init_state(rng, model, tx, config) -> step_lib.TrainState:
-  """A fresh TrainState whose parameters still carry their logical-axis boxes."""
+def has_memory(config) -> bool:
+  """Whether the config's model carries a memory from step to step (model.xlnet.mem_len > 0: XLNet's)."""
+  return bool((config.model.get("xlnet", None) or {}).get("mem_len", 0))
+
+
+@dataclasses.dataclass(frozen=True)
+class MemorySpec:
+  """The memory a model carries for a batch of `batch_size`: its leaves' shapes (jax.ShapeDtypeStructs, the
+  model's own layout) and the axis of each leaf that holds the batch (jax.tree.leaves order)."""
+
+  shapes: object
+  axes: tuple
+
+  def boxed_zeros(self):
+    """The empty memory (zeros), each leaf boxed with the batch's logical axis at its batch axis."""
+    names = lambda x, a: tuple(sharding.BATCH if i == a else None for i in range(len(x.shape)))
+    leaves = [nn.LogicallyPartitioned(jnp.zeros(x.shape, x.dtype), names=names(x, a))
+              for x, a in zip(jax.tree.leaves(self.shapes), self.axes)]
+    return jax.tree.unflatten(jax.tree.structure(self.shapes), leaves)
+
+
+def memory_spec(model, config) -> MemorySpec | None:
+  """The MemorySpec of a model with memory (has_memory), read from the outputs["memory"] it returns for batches of
+  1 and 2 rows (the axis whose size follows the batch is the batch axis); None for a model without."""
+  if not has_memory(config):
+    return None
+
+  def memory(rows):
+    def run(rng):
+      params = sharding.strip_boxes(init_params(model, config, rng))
+      return model.apply({"params": params}, dummy_batch(config, rows), rngs={"dropout": rng, "sample": rng})["memory"]
+    return jax.eval_shape(run, jax.random.key(0))
+
+  one, two = memory(1), memory(2)
+  axes = tuple(next(i for i, (p, q) in enumerate(zip(x.shape, y.shape)) if p != q)
+               for x, y in zip(jax.tree.leaves(one), jax.tree.leaves(two)))
+  b = config.batch_size
+  shapes = jax.tree.unflatten(jax.tree.structure(one), [
+      jax.ShapeDtypeStruct(x.shape[:a] + (b,) + x.shape[a + 1:], x.dtype) for x, a in zip(jax.tree.leaves(one), axes)])
+  return MemorySpec(shapes, axes)
+
+
+def init_state(rng, model, tx, config, memory: MemorySpec | None = None) -> step_lib.TrainState:
+  """A fresh TrainState whose parameters (and memory: empty, as `memory` says) still carry their logical-axis
+  boxes."""
   params = init_params(model, config, rng)
-  return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  return step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                             memory=None if memory is None else memory.boxed_zeros())
 
 
 def step_config(config, special: SpecialIds, token_counts=None) -> step_lib.StepConfig:
@@ -163,7 +215,8 @@ def step_config(config, special: SpecialIds, token_counts=None) -> step_lib.Step
       eval_masking=None if eval_masking == masking_cfg else eval_masking,
       objectives=tuple(config_lib.active_objectives(config).items()), grad_accum_steps=config.grad_accum_steps,
       report_every=config.log_every, report_at=tuple(p.end for p in config_lib.phases(config)),
-      wklm_mentions=wklm.slots(config) if "wklm" in config_lib.active_objectives(config) else 0)
+      wklm_mentions=wklm.slots(config) if "wklm" in config_lib.active_objectives(config) else 0,
+      plm=plm.make_config(config, special) if "plm" in config_lib.active_objectives(config) else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,13 +288,17 @@ def make_steps(config, mesh, special: SpecialIds, token_counts=None) -> Steps:
     tx = plugin.tx(config, tx)
   cfg = step_config(config, special, token_counts)
   with nn.logical_axis_rules(rules):
-    boxed = jax.eval_shape(functools.partial(init_state, model=model, tx=tx, config=config), jax.random.key(0))
+    memory = memory_spec(model, config)  # XLNet's: part of the state, split over devices by its batch axes
+    if memory is not None:
+      cfg = dataclasses.replace(cfg, memory_axes=memory.axes)
+    boxed = jax.eval_shape(functools.partial(init_state, model=model, tx=tx, config=config, memory=memory),
+                           jax.random.key(0))
   shardings = sharding.logical_shardings(boxed, mesh, rules)
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           sharding.strip_boxes(boxed), shardings)
   batch_sharding = jax.sharding.NamedSharding(mesh, sharding.batch_spec())
   repl = sharding.replicated(mesh)
-  init = jax.jit(lambda r: nn.unbox(init_state(r, model, tx, config)), out_shardings=shardings)
+  init = jax.jit(lambda r: nn.unbox(init_state(r, model, tx, config, memory)), out_shardings=shardings)
   train = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, cfg=cfg),
                   in_shardings=(shardings, batch_sharding), out_shardings=(shardings, repl), donate_argnums=(0,))
   evaluate = jax.jit(functools.partial(step_lib.eval_step, model=model, cfg=cfg),

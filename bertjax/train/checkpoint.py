@@ -32,15 +32,16 @@ class Checkpointer:
 
   def save(self, step: int, state, manifest: dict, force: bool = False) -> bool:
     """Starts an (async) save of `state` at `step`; returns whether one was started."""
-    args = ocp.args.Composite(state=ocp.args.StandardSave(state), manifest=ocp.args.JsonSave(manifest))
+    args = ocp.args.Composite(state=ocp.args.StandardSave(_stored(state)), manifest=ocp.args.JsonSave(manifest))
     return self.manager.save(step, args=args, force=force)
 
   def restore(self, abstract_state, step=None):
     """The state at `step` (default: latest), laid out with the shardings of `abstract_state`
     (jax.ShapeDtypeStruct leaves with .sharding), so a checkpoint moves to another mesh."""
     step = self.latest_step() if step is None else step
-    restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
-    return restored["state"]
+    target = _stored(abstract_state)
+    restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
+    return abstract_state.replace(**restored) if target is not abstract_state else restored
 
   def manifest(self, step=None) -> dict:
     step = self.latest_step() if step is None else step
@@ -53,6 +54,18 @@ class Checkpointer:
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _stored(state):
+  """What a checkpoint holds of a TrainState: step, params, opt_state, and the memory only where the model has one,
+  so checkpoints written before the state carried a memory restore as they are. Any other tree (a workdir of one
+  model: bertjax.hf.workdir) as it is."""
+  if not hasattr(state, "opt_state"):
+    return state
+  out = dict(step=state.step, params=state.params, opt_state=state.opt_state)
+  if getattr(state, "memory", None) is not None:
+    out["memory"] = state.memory
+  return out
 
 
 # How a full disk reads, from Python (errno) and from orbax / tensorstore writers (their message text).

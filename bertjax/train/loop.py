@@ -163,6 +163,10 @@ def claim_workdir(config, workdir: str, replace: bool):
 def describe_data(data: pipeline.Dataset, seq_len: int) -> str:
   """One line of counts about the data (documents, instances, label balance, skipped input)."""
   src, train, ev = data.stats["source"], data.stats["train"], data.stats["eval"]
+  if data.stats["format"] == "stream":  # XLNet's: windows of token streams, cut at load time (bertjax.data.plm)
+    return (f"data: {src.documents} documents, {src.sentences} sentences; a token stream of train {train.tokens:,} and "
+            f"eval {ev.tokens:,} tokens, read in windows of the reuse part {data.windows.reuse_len} on; tokenizer "
+            f"{data.tokenizer.spec()}")
   line = (f"data: {src.documents} documents, {src.sentences} sentences; {data.stats['format']} instances: "
           f"train {train.instances} (label-1 share {train.label_balance:.3f}), eval {ev.instances}; "
           f"documents too short for a pair {train.too_short_documents}; tokenizer {data.tokenizer.spec()}")
@@ -309,7 +313,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
   def evaluate(step: int, phase: config_lib.Phase, data: pipeline.Dataset):
     sums = None
     eval_bs = config.eval_batch_size or phase.config.batch_size
-    for i, host in enumerate(pipeline.eval_batches(data.eval, eval_bs, proc, n_proc)):
+    for i, host in enumerate(data.eval_batches(eval_bs, proc, n_proc)):
       m = steps.eval(state.params, global_batch(host, steps.batch_sharding), jnp.int32(i))
       sums = m if sums is None else sum_metrics(sums, m)
     writer.write(step, {f"eval/{k}": v for k, v in finalize(jax.device_get(sums)).items()})
@@ -339,7 +343,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
       real = 0  # this host's real (non-padding) tokens since the last log: packing efficiency
       for step in range(max(start, phase.start), phase.end):
         beacon.step = step
-        host = pipeline.batch_at(data.train, step - phase.start, pc.batch_size, config.seed, proc, n_proc)
+        host = data.train_batch(step - phase.start, pc.batch_size, config.seed, proc, n_proc)
         real += int(np.count_nonzero(host["groups"]))
         state, metrics = steps.train(state, global_batch(host, steps.batch_sharding))
         pending.append(metrics)  # stays on device until the next log (fetching every step halves speed)

@@ -18,7 +18,7 @@ from flax import linen as nn
 
 from bertjax import objectives
 from bertjax.core.metrics import Mean, Sum
-from bertjax.objectives import masking, wklm
+from bertjax.objectives import masking, plm, wklm
 
 # Every random use in a step has its own stream; a stream's key is folded from (seed, step, the stream's
 # name, microbatch index), so streams cannot collide by sharing a small integer (the masking key was once
@@ -46,6 +46,10 @@ class TrainState:
   step: jax.Array
   params: Any
   opt_state: Any
+  # A recurrent model's memory (XLNet's: each layer's inputs of the previous segments) in the model's own layout
+  # (StepConfig.memory_axes says where each leaf holds the batch), all zeros when empty; None for every other model.
+  # Checkpointed with the rest, so a resumed run continues its streams.
+  memory: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +71,8 @@ class StepConfig:
   # evaluates at 15%); None: the training masking.
   eval_masking: Any = None
   wklm_mentions: int = 0  # WKLM's mention slots per example (0: no wklm objective)
+  plm: Any = None  # XLNet's permutation LM (plm.PLMConfig): perm_mask and targets replace MLM masking
+  memory_axes: tuple = ()  # the batch axis of each leaf of the state's memory (build.MemorySpec)
 
 
 def reports(done, cfg: StepConfig):
@@ -80,6 +86,8 @@ def reports(done, cfg: StepConfig):
 def apply_masking(rng, batch, cfg: StepConfig, evaluation: bool = False):
   """The batch with MLM masking applied on device (original ids kept for labels and RTD); `evaluation`: with the
   eval masking (cfg.eval_masking, where set)."""
+  if cfg.plm is not None:  # the targets and their order came with the batch; nothing is masked
+    return dict(batch, **plm.inputs(batch, cfg.plm))
   scheme = cfg.eval_masking if evaluation and cfg.eval_masking is not None else cfg.masking
   boundaries = batch["unit_start"] if scheme.units else batch["word_start"]  # masking.units: ERNIE's units
   protect = wklm.protected(batch["mention"]) if cfg.wklm_mentions else None  # WKLM: no MLM mask on a mention
@@ -108,10 +116,29 @@ def eval_batch(batch, index, cfg: StepConfig):
   return apply_masking(stream_key(EVAL_SEED, index, "eval/masking"), batch, cfg, evaluation=True)
 
 
+def _memory_moved(memory, axes, to_front: bool):
+  """The memory with each leaf's batch axis moved to the front (to_front) or back to where the model keeps it."""
+  if memory is None:
+    return None
+  move = lambda x, a: jnp.moveaxis(x, a, 0) if to_front else jnp.moveaxis(x, 0, a)
+  return jax.tree.unflatten(jax.tree.structure(memory), [move(x, a) for x, a in zip(jax.tree.leaves(memory), axes)])
+
+
 def _loss_fn(params, batch, rngs, model, cfg: StepConfig, *, deterministic: bool, denominators=None):
-  """Total loss and metrics of an already masked batch (`denominators`: see objectives.total_loss)."""
-  outputs = model.clone(deterministic=deterministic).apply({"params": params}, batch, rngs=rngs)
-  return objectives.total_loss(dict(cfg.objectives), outputs, batch, denominators)
+  """Total loss and (metrics, the model's next memory or None) of an already masked batch (`denominators`: see
+  objectives.total_loss). A model with memory takes `memory=` (batch["memory"], batch axes first, as microbatches
+  split it) and returns outputs["memory"], and its outputs["cmem_loss"] (the compressed memory's reconstruction
+  loss, which trains the compression function only) joins the loss."""
+  batch = dict(batch)
+  memory = _memory_moved(batch.pop("memory", None), cfg.memory_axes, to_front=False)
+  extra = {} if memory is None else {"memory": memory}
+  outputs = model.clone(deterministic=deterministic).apply({"params": params}, batch, rngs=rngs, **extra)
+  total, metrics = objectives.total_loss(dict(cfg.objectives), outputs, batch, denominators)
+  if memory is not None and "cmem_loss" in outputs:  # a microbatch's share of the batch's
+    cmem = outputs["cmem_loss"] / cfg.grad_accum_steps
+    total = total + cmem
+    metrics["cmem_loss"], metrics["loss"] = Mean(cmem, 1.0), Mean(metrics["loss"].total + cmem, 1.0)
+  return total, (metrics, _memory_moved(outputs.get("memory"), cfg.memory_axes, to_front=True))
 
 
 def _add(a, b):
@@ -134,26 +161,30 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
   # The step each row trains at, for a model whose loss follows it (bertjax.model.transfer's phase gates); one
   # per row, so that microbatches split it as they split the rows. Every other model ignores it.
   batch["step"] = jnp.broadcast_to(state.step, batch["input_ids"].shape[:1])
+  if state.memory is not None:  # row b's memory is its stream's past: it travels with the row, microbatches too
+    batch = dict(batch, memory=_memory_moved(state.memory, cfg.memory_axes, to_front=True))
   denominators = objectives.counts(dict(cfg.objectives), batch)
   grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
   k = cfg.grad_accum_steps
 
   def micro(i, mb):
-    (_, metrics), grads = grad_fn(state.params, mb, model_rngs(cfg.seed, state.step, i), model, cfg,
-                                  deterministic=False, denominators=denominators)
-    return grads, metrics
+    (_, (metrics, memory)), grads = grad_fn(state.params, mb, model_rngs(cfg.seed, state.step, i), model, cfg,
+                                            deterministic=False, denominators=denominators)
+    return (grads, metrics), memory
 
   if k == 1:
-    grads, metrics = micro(0, batch)
+    (grads, metrics), memory = micro(0, batch)
   else:
     # A scan over microbatches keeps one gradient buffer (optax.MultiSteps would keep another across steps).
     mbs = _split(batch, k)
-    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: micro(0, jax.tree.map(lambda x: x[0], mbs))))
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: micro(0, jax.tree.map(lambda x: x[0], mbs))[0]))
 
     def body(acc, xs):
-      return _add(acc, micro(*xs)), None
+      summed, memory = micro(*xs)
+      return _add(acc, summed), memory
 
-    (grads, metrics), _ = jax.lax.scan(body, zeros, (jnp.arange(k), mbs))
+    (grads, metrics), memory = jax.lax.scan(body, zeros, (jnp.arange(k), mbs))
+    memory = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), memory)  # the microbatches' rows, in order
     metrics["loss"] = Mean(metrics["loss"].total, 1.0)  # the microbatch losses add up to the batch loss
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(metrics["loss"].total) & jnp.isfinite(grad_norm)
@@ -186,13 +217,16 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
       update_norm=Mean(update_norm, counted),
       skipped=Sum(1.0 - finite.astype(jnp.float32)),
   )
-  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  if memory is not None:  # a skipped step's memory may hold non-finite values: the streams keep their old one
+    memory = _memory_moved(memory, cfg.memory_axes, to_front=False)
+    memory = jax.tree.map(lambda new, old: jnp.where(finite, new, old), memory, state.memory)
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state, memory=memory), metrics
 
 
 def eval_step(params, batch, index, *, model: nn.Module, cfg: StepConfig):
   """Metric sums on one eval batch; its masks depend only on the batch index, so every eval of a run
   (and of runs with other seeds) scores the same masked positions."""
   batch = eval_batch(batch, index, cfg)
-  _, metrics = _loss_fn(params, batch, {"sample": stream_key(EVAL_SEED, index, "eval/sample")}, model, cfg,
-                        deterministic=True)
+  _, (metrics, _) = _loss_fn(params, batch, {"sample": stream_key(EVAL_SEED, index, "eval/sample")}, model, cfg,
+                             deterministic=True)
   return metrics

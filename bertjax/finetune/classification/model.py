@@ -16,8 +16,9 @@ from bertjax.model.encoder import Encoder
 from bertjax.model.hparams import EncoderConfig
 from bertjax.model.layers import activation, dense, layer_norm
 from bertjax.model.mha import encoder_groups
+from bertjax.model.xlnet_models import XLNetSequenceClassifier
 
-HEADS = ("pooler", "electra", "roberta", "modernbert", "distilbert")
+HEADS = ("pooler", "electra", "roberta", "modernbert", "distilbert", "xlnet")
 POOLINGS = ("cls", "mean")
 
 
@@ -97,6 +98,19 @@ class Classifier(nn.Module):
     else:  # MobileBERT's classifier_activation false: the pooler is [CLS]'s state itself
       pooled = drop(cls)
     return dense(c, c.hidden_size, self.num_outputs, (sh.EMBED, None), "classifier")(pooled).astype(jnp.float32)
+
+
+class XLNetClassifier(XLNetSequenceClassifier):
+  """transformers' XLNetForSequenceClassification (bertjax.model.xlnet_models) under the trainer's call: its
+  summary reads <cls>, which XLNet's tokenizer puts last (A <sep> B <sep> <cls>, segment id 2), at each row's last
+  real token, so right-padded rows and their length buckets give what transformers gives the left-padded ones.
+  No memory (transformers' use_mems_train=False for fine-tuning)."""
+
+  def __call__(self, input_ids, type_ids, groups, head_gates=None, position_ids=None, cls_positions=None):
+    if head_gates is not None or position_ids is not None or cls_positions is not None:
+      raise UserError("XLNet's classifier takes neither head gates nor packed rows; set --config.pack_train=False")
+    last = jnp.maximum(groups.shape[1] - 1 - jnp.argmax(groups[:, ::-1] > 0, axis=1), 0)  # the last real token
+    return super().__call__(input_ids, type_ids, groups, cls_index=last)
 
 
 def save_model(directory: str, run_config, model: Classifier, params) -> None:

@@ -66,12 +66,14 @@ def head_kind(config, loaded) -> str:
   """The head to build: model.head, with auto -> the checkpoint family's own sequence-classification head
   (ElectraForSequenceClassification's, RobertaForSequenceClassification's, ModernBertForSequenceClassification's,
   DistilBertForSequenceClassification's for DistilBERT's shape: no segment embeddings), else BERT's pooler."""
+  # Kinds of no transformers family (tree, constituent attention) get BERT's head.
+  family = hf_configs.family_for(loaded.config) if not any(
+      k.hf_family == "" for k in kinds.chosen(loaded.config.model).values()) else ""
   if config.model.head != "auto":
+    _check((config.model.head == "xlnet") == (family == "xlnet"),
+           f"model.head={config.model.head!r} does not fit a {family} checkpoint; set --config.model.head=auto")
     return config.model.head
-  if any(k.hf_family == "" for k in kinds.chosen(loaded.config.model).values()):  # kinds of no transformers family
-    return "pooler"  # (tree, constituent attention): BERT's head
-  family = hf_configs.family_for(loaded.config)
-  return family if family in ("electra", "roberta", "modernbert", "distilbert") else "pooler"
+  return family if family in ("electra", "roberta", "modernbert", "distilbert", "xlnet") else "pooler"
 
 
 def pretrained_pooler(loaded):
@@ -97,6 +99,9 @@ def prepare(config, loaded, raw: tuple | None = None) -> TaskData:
   task = config.task
   train_ex, evals = raw if raw is not None else read(config)
   head = head_kind(config, loaded)
+  _check(head != "xlnet" or not config.get("save_model", False),
+         "save_model: a fine-tuned XLNet classifier cannot be saved yet (no reader for it); set "
+         "--config.save_model=False")
   pooler = pretrained_pooler(loaded)
   # A model whose attention reads node spans (model.attention_kind=tree) reads bracketed trees.
   parsed = kinds.get("attention", loaded.config.model.attention_kind).inputs == trees.FIELDS
@@ -121,14 +126,21 @@ def prepare(config, loaded, raw: tuple | None = None) -> TaskData:
 
 
 def model(config, cfg, data: TaskData, deterministic: bool) -> task_model.Classifier:
-  """The Classifier over the encoder `cfg` (its head and outputs as `prepare` fixed them)."""
+  """The Classifier over the encoder `cfg` (its head and outputs as `prepare` fixed them); XLNet's own model for
+  an XLNet checkpoint (its summary dropout is model.classifier_dropout)."""
+  if data.model["head"] == "xlnet":
+    return task_model.XLNetClassifier(cfg, data.model["num_outputs"], summary_dropout=config.model.classifier_dropout,
+                                      deterministic=deterministic)
   return task_model.Classifier(cfg, data.model["num_outputs"], config.model.classifier_dropout,
                                deterministic=deterministic, head=data.model["head"],
                                pooling=data.model.get("pooling", "cls"))
 
 
 def init_params(model, rng, loaded) -> tuple[dict, list]:
-  """(params, names of the fresh parts): encoder and embeddings (and the pooler) pretrained, head from `rng`."""
+  """(params, names of the fresh parts): encoder and embeddings (and the pooler) pretrained, head from `rng`;
+  XLNet: its transformer pretrained, the summary and logits_proj fresh."""
+  if isinstance(model, task_model.XLNetClassifier):
+    return pretrained_init(model, rng, loaded.params, None, parts=("transformer",))
   return pretrained_init(model, rng, loaded.params, pretrained_pooler(loaded))
 
 

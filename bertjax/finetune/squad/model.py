@@ -15,6 +15,7 @@ from bertjax.model.embeddings import Embeddings
 from bertjax.model.encoder import Encoder
 from bertjax.model.hparams import EncoderConfig
 from bertjax.model.layers import activation, dense
+from bertjax.model.xlnet_models import XLNetSpanHead
 
 ANSWERABLE_HIDDEN = 512  # google-research/electra qa_tasks.py: dense(512, gelu) before the answerable logit
 ANSWERABLE_WEIGHT = 0.5  # electra configure_finetuning.py answerable_weight
@@ -58,6 +59,19 @@ class SpanQA(nn.Module):
     return logits
 
 
+class XLNetSpanQA(XLNetSpanHead):
+  """transformers' XLNetForQuestionAnsweringSimple (bertjax.model.xlnet_models: one Linear d -> 2 on every position)
+  under the trainer's call, as SpanQA answers: outputs [B, S, 2], padding positions at PADDING_LOGIT. Its windows
+  follow the tokenizer's pair template (XLNet's: question <sep> context <sep> <cls>); no memory, no answerable head."""
+
+  answerable_head: bool = False  # what the task code asks a span model; XLNet's simple head has none
+  settings: tuple = ()
+
+  def __call__(self, input_ids, type_ids, groups) -> jax.Array:
+    start, end = super().__call__(input_ids, type_ids, groups)
+    return jnp.where(groups[..., None] > 0, jnp.stack([start, end], -1), PADDING_LOGIT)
+
+
 def loss(outputs: jax.Array, batch: dict) -> jax.Array:
   """Per-row loss [B]: (start CE + end CE) / 2 (BertForQuestionAnswering's total_loss), plus 0.5 x the
   sigmoid CE of the answerable logit against is_impossible when that head is on (outputs [B, S, 3]).
@@ -75,12 +89,13 @@ def _init_fn(model: SpanQA):
   return jax.jit(lambda r: model.init({"params": r}, ids, ids, jnp.ones_like(ids))["params"])
 
 
-def init_params(model: SpanQA, rng, pretrained: dict, head: dict | None = None) -> tuple[dict, list]:
-  """(params, names of the freshly initialized parts): embeddings and encoder from `pretrained` (a
-  Pretrainer params tree), `qa_outputs` (and the answerable head) from `head` when given (an imported
-  ...ForQuestionAnswering checkpoint), else fresh from `rng`."""
+def init_params(model: SpanQA, rng, pretrained: dict, head: dict | None = None,
+                parts: tuple = ("embeddings", "encoder")) -> tuple[dict, list]:
+  """(params, names of the freshly initialized parts): `parts` (embeddings and encoder; XLNet's transformer) from
+  `pretrained` (a Pretrainer params tree), `qa_outputs` (and the answerable head) from `head` when given (an
+  imported ...ForQuestionAnswering checkpoint), else fresh from `rng`."""
   params = dict(sh.strip_boxes(_init_fn(model)(rng)))
-  for name in ("embeddings", "encoder"):
+  for name in parts:
     if jax.tree.map(np.shape, params[name]) != jax.tree.map(np.shape, pretrained[name]):
       raise UserError(f"the checkpoint's {name} do not fit the model built from its config; is config.json "
                       "the checkpoint's own?")
@@ -88,4 +103,4 @@ def init_params(model: SpanQA, rng, pretrained: dict, head: dict | None = None) 
   for name, value in (head or {}).items():
     if name in params and jax.tree.map(np.shape, params[name]) == jax.tree.map(np.shape, value):
       params[name] = jax.tree.map(jnp.asarray, value)
-  return params, sorted(n for n in params if n not in ("embeddings", "encoder") and n not in (head or {}))
+  return params, sorted(n for n in params if n not in parts and n not in (head or {}))

@@ -16,6 +16,7 @@ from bertjax.core.errors import UserError
 from bertjax.finetune.squad import (data as squad_data, evaluate as squad_eval, features as squad_features,
                                    hf as qa_io, model as qa_model, post as squad_post)
 from bertjax.finetune.tasks import TOKEN_FIELDS, TaskData
+from bertjax.hf import configs as hf_configs
 
 EVAL_DATA = "eval_data.json"  # in seed_S/ when only part of the eval file is scored
 OUTPUT_POSITION_AXIS = 1  # outputs are [B, S, 2 (3)]: span logits along the sequence
@@ -69,6 +70,10 @@ def prepare(config, loaded, raw: tuple | None = None) -> TaskData:
   checkpoint's tokenizer and prints the first line of output: questions, windows, and the training answers no
   token span can reproduce (left out of training, as run_squad.py does, but counted here instead of silently)."""
   t, tok = config.task, loaded.tokenizer
+  xlnet = hf_configs.family_for(loaded.config) == "xlnet"  # transformers' XLNetForQuestionAnsweringSimple
+  _check(not xlnet or not (t.answerable_head or config.get("save_model", False)),
+         "an XLNet checkpoint fine-tunes the simple span head only, unsaved: set --config.task.answerable_head=False "
+         "and --config.save_model=False")
   squad_features.check_lengths(config.seq_len, t.max_query_length, t.doc_stride,
                                squad_features.num_special(squad_features.template(tok)))
   if not loaded.config.data.get("tokenizer"):  # a saved model (save_model) must find its tokenizer again
@@ -94,7 +99,7 @@ def prepare(config, loaded, raw: tuple | None = None) -> TaskData:
                 train_windows=len(train["input_ids"]), eval_windows=len(ew.question),
                 unrecoverable_answers=len(tw.unrecoverable), answers_outside_windows=len(tw.outside),
                 unanswerable_dropped=train_drop + eval_drop, version=t.version),
-      model=dict(answerable_head=bool(t.answerable_head)),
+      model=dict(answerable_head=bool(t.answerable_head), xlnet=xlnet),
       extra=dict(questions=eval_q, windows=ew, data=eval_data,
                  subset=bool(t.max_eval_examples) or bool(eval_drop)),
       token_fields=TOKEN_FIELDS)
@@ -107,6 +112,8 @@ SETTINGS = ("version", "doc_stride", "max_query_length", "n_best_size", "max_ans
 def model(config, cfg, data: TaskData, deterministic: bool) -> qa_model.SpanQA:
   """The span model over the encoder `cfg` (carrying the task settings a saved model answers with)."""
   settings = tuple((k, config.task[k]) for k in SETTINGS) + (("seq_len", config.seq_len),)
+  if data.model.get("xlnet"):
+    return qa_model.XLNetSpanQA(cfg, deterministic=deterministic, settings=settings)
   return qa_model.SpanQA(cfg, deterministic=deterministic, answerable_head=data.model["answerable_head"],
                          settings=settings)
 
@@ -115,7 +122,8 @@ def init_params(model, rng, loaded) -> tuple[dict, list]:
   """(params, fresh names): embeddings and encoder pretrained; the span head from an imported
   ...ForQuestionAnswering checkpoint when it has one (loaded.params["qa_outputs"]), else from `rng`."""
   head = {k: loaded.params[k] for k in ("qa_outputs",) if k in loaded.params}
-  return qa_model.init_params(model, rng, loaded.params, head)
+  parts = ("transformer",) if isinstance(model, qa_model.XLNetSpanQA) else ("embeddings", "encoder")
+  return qa_model.init_params(model, rng, loaded.params, head, parts)
 
 
 loss = qa_model.loss
