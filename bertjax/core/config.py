@@ -61,16 +61,10 @@ def defaults() -> ml_collections.ConfigDict:
       # units) and mention (WKLM). With source=units the corpus is the span source's own text; with another
       # source the span source's mention strings mark mentions in it (a gazetteer).
       units="",
-      # Each line of the text source is a bracketed constituency tree, `(S (NP a b) c)` (bertjax.data.trees): rows
-      # hold its leaves, then its nodes (node_first / node_last: each node's span), for attention_kind=tree.
-      trees=False,
-      # XLNet's permutation LM (objective plm: data format stream, bertjax.data.plm; the reuse part of a row is
-      # model.xlnet.reuse_len): the permutation block (0: the reuse part), the targets per row (0: seq_len x
-      # mask_beta / mask_alpha), and the span sampling's context (about mask_beta of every mask_alpha tokens).
-      perm_size=0,
-      num_predict=0,
-      mask_alpha=6.0,
-      mask_beta=1.0,
+      trees=False,  # each text line is a bracketed tree, (S (NP a b) c): rows of leaves, then nodes (data.trees)
+      # XLNet's permutation LM (objective plm, bertjax.data.plm): the permutation block (0: model.xlnet.reuse_len), the
+      # targets per row (0: seq_len x mask_beta / mask_alpha), the span sampling's mask_beta of every mask_alpha tokens.
+      perm_size=0, num_predict=0, mask_alpha=6.0, mask_beta=1.0,
   )
   # Masking.
   c.masking = dict(
@@ -167,9 +161,8 @@ def defaults() -> ml_collections.ConfigDict:
       # Complex-order embeddings (position=complex_order): descending (the code: S-1 .. 0 along the row) |
       # ascending (the paper: the token's position, restarting per packed example).
       complex_positions="descending",
-      # Tree attention on given parses (attention_kind=tree, Nguyen et al. 2020; docs/models.md): the clamps of the
-      # hierarchical embeddings' indices (the code's defaults, 100 and 1024) and the vertical index: depth (the
-      # code: the node's depth below the root) | path (the paper's reading: nodes from the leaf up to the node).
+      # Tree attention on given parses (attention_kind=tree; docs/models.md): the hierarchical embeddings' index clamps
+      # (the code's, 100 and 1024), the vertical index: depth (the code's: below the root) | path (the paper's).
       tree_max_horiz=100, tree_max_vert=1024, tree_vertical="depth",
   )
   # Objectives: name -> weight; 0 switches one off.
