@@ -174,6 +174,13 @@ def process_chunk(task) -> ChunkResult:
   tok, train = _tokenizer(settings.tokenizer), split == "train"
   if settings.trees:  # one bracketed tree an example (bertjax.data.trees)
     arrays, stats, sentences, tokens, counts = trees.chunk_rows(tok, docs, settings.fmt, settings.seq_len, train)
+  elif settings.fmt == "stream":  # one run of tokens, cut into rows by the main process (plm.StreamWriter)
+    tokenized, sentences, tokens, counts, _ = _tokenized(settings, split, index, docs, tok)
+    stream, n = plm.token_stream(tokenized, tok.special.sep)
+    records = np.empty(n, [(name, settings.dtype[name].base) for name in plm.FIELDS])  # one record a token
+    for name in plm.FIELDS:
+      records[name] = stream[name]
+    return ChunkResult(split, records, instances.InstanceStats(tokens=n), len(docs), sentences, tokens, counts)
   else:
     arrays, stats, sentences, tokens, counts = _text_rows(settings, split, index, docs, tok)
   records = np.empty(0, settings.dtype) if arrays is None else shards.to_records(arrays, settings.dtype)
@@ -182,6 +189,19 @@ def process_chunk(task) -> ChunkResult:
 
 def _text_rows(settings, split, index, docs, tok) -> tuple:
   """(arrays or None, stats, sentences, tokens, token counts) of a chunk of text (or marked sentences)."""
+  tokenized, sentences, tokens, counts, span_counts = _tokenized(settings, split, index, docs, tok)
+  train = split == "train"
+  arrays, stats = instances.make_instances(
+      tokenized, settings.fmt, settings.seq_len, tok.special,
+      short_seq_prob=settings.short_seq_prob if train else 0.0, dupe_factor=settings.dupe_factor if train else 1,
+      seed=chunk_seed(settings.seed if train else 0, split, index), units=bool(settings.units))
+  stats.spans, stats.unaligned_spans = span_counts.get("spans", 0), span_counts.get("unaligned", 0)
+  stats.replaced_mentions = span_counts["replaced"]
+  return arrays, stats, sentences, tokens, counts
+
+
+def _tokenized(settings, split, index, docs, tok) -> tuple:
+  """(documents as lists of encoded sentences, sentences, tokens, train unigram counts, span counts) of a chunk."""
   tokenized, sentences, tokens, train = [], 0, 0, split == "train"
   counts = np.zeros(tok.vocab_size, np.int64)
   span_counts = dict(replaced=0)
@@ -200,19 +220,7 @@ def _text_rows(settings, split, index, docs, tok) -> tuple:
       tokenized.append(encoded)
       if train:  # the corpus unigram counts (masking.replace_dist=unigram, masking.smoothing) are the train text's
         counts += np.bincount(np.concatenate([e[0] for e in encoded]), minlength=tok.vocab_size)[:tok.vocab_size]
-  if settings.fmt == "stream":  # one run of tokens, cut into rows by the main process (plm.StreamWriter)
-    stream, n = plm.token_stream(tokenized, tok.special.sep)
-    records = np.empty(n, [(name, settings.dtype[name].base) for name in plm.FIELDS])  # one record a token
-    for name in plm.FIELDS:
-      records[name] = stream[name]
-    return ChunkResult(split, records, instances.InstanceStats(tokens=n), len(docs), sentences, tokens, counts)
-  arrays, stats = instances.make_instances(
-      tokenized, settings.fmt, settings.seq_len, tok.special,
-      short_seq_prob=settings.short_seq_prob if train else 0.0, dupe_factor=settings.dupe_factor if train else 1,
-      seed=chunk_seed(settings.seed if train else 0, split, index), units=bool(settings.units))
-  stats.spans, stats.unaligned_spans = span_counts.get("spans", 0), span_counts.get("unaligned", 0)
-  stats.replaced_mentions = span_counts["replaced"]
-  return arrays, stats, sentences, tokens, counts
+  return tokenized, sentences, tokens, counts, span_counts
 
 
 def ordered_map(fn, tasks, workers: int, max_in_flight: int = 0):
@@ -364,7 +372,7 @@ def prepare(config, directory: str, workers: int = 0, overwrite: bool = False, p
   made = {split: instances.InstanceStats() for split in writers}
   documents, sentences, tokens = dict(train=0, eval=0), 0, 0
   token_counts = np.zeros(tok.vocab_size, np.int64)
-  bar = sources.Progress(reader, progress) if progress else None
+  bar = Progress(reader, progress) if progress else None
   chunks = chunk_documents(reader.read(stats), d.eval_fraction, CHUNK_BYTES)
   tasks = ((settings, split, index, docs) for split, index, docs in chunks)
   for result in ordered_map(process_chunk, tasks, workers):

@@ -3,8 +3,7 @@
 A source is read in two stages so that the expensive one can run in worker processes:
 `open_source(spec).read(stats)` streams *raw* documents (lists of lines, cheap to read) and
 `to_sentences(lines, reader.paragraphs)` turns one into sentences (the rule-based splitter, where the
-lines are paragraphs). `documents(spec, stats)` does both, for callers that want sentences directly. `Progress` is
-data preparation's progress line over a Reader.
+lines are paragraphs). `documents(spec, stats)` does both, for callers that want sentences directly.
 
 - `demo`: Python's own documentation topics (pydoc_data), one document per section; always there.
 - `text:GLOB`: plain UTF-8 files (local paths, or gs:// and other remote paths through etils.epath), a
@@ -26,7 +25,6 @@ import importlib.util
 import os
 import re
 import sys
-import time
 from typing import Callable, Iterator
 
 from bertjax.core.errors import UserError
@@ -290,41 +288,3 @@ def fingerprint(source: str) -> str:
         st = os.stat(p)
         h.update(f"{p}:{st.st_size}:{st.st_mtime_ns}".encode())
   return h.hexdigest()[:16]
-
-
-def _human(x: float) -> str:
-  for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-    if abs(x) >= size:
-      return f"{x / size:.1f}{unit}"
-  return f"{x:.0f}"
-
-
-class Progress:
-  """A progress line on `stream`: redrawn in place on a terminal, else a new line every `every` seconds."""
-
-  def __init__(self, reader: Reader, stream, every: float = 15.0):
-    self.reader, self.stream = reader, stream
-    self.start = self.last = time.time()
-    self.tty = hasattr(stream, "isatty") and stream.isatty()
-    self.every = 0.2 if self.tty else every
-
-  def update(self, stats: SourceStats, tokens: int, rows: int, force: bool = False):
-    now = time.time()
-    if not force and now - self.last < self.every:
-      return
-    self.last, elapsed = now, max(now - self.start, 1e-9)
-    parts = []
-    total = self.reader.total
-    if total:
-      done = min(stats.progress / total, 1.0)
-      bar = "#" * int(done * 24)
-      eta = elapsed * (1 - done) / done if done > 0 else 0
-      parts.append(f"[{bar:<24}] {done:6.1%} of {_human(total)} {self.reader.unit}, ETA {eta:.0f}s")
-    parts.append(f"documents {stats.documents:,}  tokens {_human(tokens)}  rows {rows:,}  "
-                 f"{_human(tokens / elapsed)} tokens/s")
-    line = "prepare " + "  ".join(parts)
-    print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=self.stream, flush=True)
-
-  def close(self):
-    if self.tty:
-      print(file=self.stream, flush=True)
