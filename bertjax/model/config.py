@@ -35,6 +35,9 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       constituent_scale=m.constituent_scale,
       constituent_renormalize=m.constituent_renormalize,
       complex_positions=m.complex_positions,
+      reversible=m.reversible, chunk_size_feed_forward=m.chunk_size_feed_forward,
+      axial_pos_shape=tuple(m.axial_pos_shape), axial_pos_embds_dim=tuple(m.axial_pos_embds_dim),
+      axial_norm_std=m.axial_norm_std, mlm_decoder=m.mlm_decoder,
       dense_grad=dense_grad(m.get("dense_grad", "xla"), platform or jax.default_backend()))
 
 
@@ -90,6 +93,7 @@ def validate(config):
   check(m.num_hidden_groups >= 1 and m.num_layers % m.num_hidden_groups == 0,
         f"model.num_hidden_groups={m.num_hidden_groups} must divide model.num_layers={m.num_layers}")
   _validate_kinds(m)
+  kinds.check_run(config)
 
 
 def _validate_kinds(m):
@@ -97,6 +101,7 @@ def _validate_kinds(m):
   kind checks its own options: rope's head width, the pattern of local layers) and the init scheme."""
   kinds.check(m)
   check(m.init in ("bert", "modernbert"), f"model.init={m.init!r}; use bert or modernbert")
+  check(m.mlm_decoder in ("tied", "untied"), f"model.mlm_decoder={m.mlm_decoder!r}; use tied or untied")
   check(not m.trigram_input or m.embedding_transformation,
         "model.trigram_input=True concatenates 3 embeddings that only the embeddings' projection maps to H; "
         "set model.embedding_transformation=True")

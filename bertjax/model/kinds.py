@@ -32,6 +32,10 @@ class Kind:
   def check(self, m) -> None:
     """Checks the model section's values this kind reads; raises UserError with the fix."""
 
+  def check_run(self, config) -> None:
+    """Checks what this kind demands of the rest of the run config (axial positions: the training lengths and
+    the data format); raises UserError with the fix. Default: nothing."""
+
 
 def register(family: str, name: str):
   """Class decorator: registers an instance of the class as `name` among the kinds of `family`."""
@@ -75,6 +79,12 @@ def check(m) -> None:
   """Checks that every family's key names a registered kind, then each kind's own checks (model section)."""
   for kind in chosen(m).values():
     kind.check(m)
+
+
+def check_run(config) -> None:
+  """Each chosen kind's demands on the whole run config (Kind.check_run)."""
+  for kind in chosen(config.model).values():
+    kind.check_run(config)
 
 
 def hf_family(m) -> str | None:

@@ -1,0 +1,156 @@
+"""Reversible residual layers (Gomez et al. 2017, "The Reversible Residual Network"; Kitaev et al., ICLR 2020,
+"Reformer"): a stack of layers over two streams, Y1 = X1 + F(X2), Y2 = X2 + G(Y1), whose backward pass recomputes
+each layer's inputs from its outputs (X2 = Y2 - G(Y1), X1 = Y1 - F(X2)) instead of storing them, as transformers'
+_ReversibleFunction and ReformerLayer.backward_pass do. One `jax.custom_vjp` spans the whole stack: its forward
+pass keeps only the last layer's two streams, so the activations kept for the backward pass do not grow with depth.
+
+F and G are flax blocks called as `block(x, mask, positions, layer_index)`; the recomputation calls them with the
+same dropout keys (one per layer and block, folded from the stack's key) and the same attention-kind inputs, so
+it repeats the forward pass exactly (LSH attention draws its rotations from the same key, hence the same buckets
+up to the reconstruction's rounding). The streams are float32 whatever the compute dtype: the reconstruction
+subtracts, and bf16 streams lose the gradient (the spec sheet's pitfall 6).
+
+`model.reversible=False` runs the same layers, the same parameters and the same keys under plain autodiff (with
+the remat policy, per layer): the reference the custom VJP's gradients are tested against, and the remat stack the
+benchmark compares it with.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from bertjax.core import sharding as sh
+from bertjax.model.dropout import token_dropout
+from bertjax.model.hparams import REMAT_POLICIES
+from bertjax.model.layers import Block, layer_norm
+
+
+def forward(fns, params, x1, x2, aux):
+  """The two streams through every layer: fns[i] = (F, G) pure functions (params, x, aux) -> [B, S, H]."""
+  for (f, g), p, a in zip(fns, params, aux):
+    x1 = x1 + f(p, x2, a)
+    x2 = x2 + g(p, x1, a)
+  return x1, x2
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def reversible(fns, params, x1, x2, aux):
+  """`forward`, differentiated by recomputing each layer's inputs from its outputs (the module docstring)."""
+  return forward(fns, params, x1, x2, aux)
+
+
+def _reversible_fwd(fns, params, x1, x2, aux):
+  y1, y2 = forward(fns, params, x1, x2, aux)
+  return (y1, y2), (params, y1, y2, aux)  # no per-layer activations: only the last outputs
+
+
+def _reversible_bwd(fns, residuals, cotangents):
+  params, y1, y2, aux = residuals
+  dy1, dy2 = cotangents
+  grads = [None] * len(fns)
+  for i in reversed(range(len(fns))):
+    (f, g), p, a = fns[i], params[i], aux[i]
+    gy, g_vjp = jax.vjp(lambda p_, y: g(p_, y, a), p, y1)
+    x2 = y2 - gy  # this layer's input X2
+    dp_g, dy1_g = g_vjp(dy2)
+    dy1 = dy1 + dy1_g  # Y1 reaches the output directly and through G
+    fx, f_vjp = jax.vjp(lambda p_, x: f(p_, x, a), p, x2)
+    x1 = y1 - fx  # this layer's input X1
+    dp_f, dx2_f = f_vjp(dy1)
+    grads[i] = jax.tree.map(jnp.add, dp_f, dp_g)
+    dy2 = dy2 + dx2_f  # dX2 = dY2 + dF/dX2; dX1 = dY1
+    y1, y2 = x1, x2
+  return tuple(grads), dy1, dy2, jax.tree.map(_zero_cotangent, aux)
+
+
+reversible.defvjp(_reversible_fwd, _reversible_bwd)
+
+
+def _zero_cotangent(x):
+  """The zero cotangent of an input the stack does not differentiate (masks, tables, integer keys)."""
+  if jnp.issubdtype(x.dtype, jnp.inexact):
+    return jnp.zeros_like(x)
+  return np.zeros(x.shape, jax.dtypes.float0)
+
+
+def pure(block, c, deterministic: bool, index: int, typed_key: bool):
+  """Block class `block` of layer `index` as a pure function (params, x, (mask, positions, key)) -> float32."""
+
+  def fn(params, x, aux):
+    mask, positions, key = aux
+    rngs = {}
+    if not deterministic:
+      rngs = {"dropout": jax.random.wrap_key_data(key) if typed_key else key}
+    y = block(c, deterministic, parent=None).apply({"params": params}, x.astype(c.dtype), mask, positions, index,
+                                                   rngs=rngs)
+    return y.astype(jnp.float32)
+
+  return fn
+
+
+def layer_keys(module, n: int):
+  """Per layer, the raw key data of its F and G blocks' dropout ([n, 2, ...] uint32; zeros when deterministic), and
+  whether the run's keys are typed (jax.random.key) rather than raw uint32 pairs."""
+  if module.deterministic:
+    return np.zeros((n, 2, 2), np.uint32), False
+  key = module.make_rng("dropout")
+  typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+  keys = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(key, i)))(jnp.arange(n))
+  return (jax.random.key_data(keys) if typed else keys), typed
+
+
+def stack_of(layer_module, f_block, g_block):
+  """The flax stack module (LayerKind.stack's contract) of `layer_module` (a flax module whose `attention` and
+  `ffn` children are the blocks `f_block` and `g_block`, used to create the parameters at init)."""
+
+  class ReversibleStack(Block):
+    """Every layer over the two streams (the norm kind's carry), then a LayerNorm over their concatenation
+    [B, S, 2H] and dropout, as transformers' ReformerEncoder ends. Parameters: `layer_{i}/{attention,ffn}`, `ln`."""
+
+    @nn.compact
+    def __call__(self, carry, layer_index, mask, shared, head_gates=None, positions=None):
+      c, n = self.cfg, self.cfg.num_layers
+      (x1, x2), state = carry
+      assert state is None, "an attention kind with a state up the stack does not run in a reversible stack"
+      x1, x2 = x1.astype(jnp.float32), x2.astype(jnp.float32)  # float32 streams (module docstring)
+      if self.is_initializing():  # the parameters, through the layer module's own scopes
+        for i in range(n):
+          ((x1, x2), _), _ = layer_module(c, self.deterministic, name=f"layer_{i}")(
+              ((x1, x2), None), i, mask, shared, None, positions)
+      else:
+        keys, typed = layer_keys(self, n)
+        fns = tuple((pure(f_block, c, self.deterministic, i, typed), pure(g_block, c, self.deterministic, i, typed))
+                    for i in range(n))
+        params = tuple(sh.strip_boxes(self.variables["params"][f"layer_{i}"]) for i in range(n))
+        params = tuple({"attention": p["attention"], "ffn": p["ffn"]} for p in params)
+        aux = tuple(((mask, positions, keys[i, 0]), (mask, positions, keys[i, 1])) for i in range(n))
+        fns = tuple((_split(f, 0, "attention"), _split(g, 1, "ffn")) for f, g in fns)
+        if c.reversible:
+          x1, x2 = reversible(fns, params, x1, x2, aux)
+        else:
+          x1, x2 = plain(fns, params, x1, x2, aux, c.remat)
+      norm = layer_norm(dataclasses.replace(c, use_bias=True), "ln")  # with a bias, as ReformerEncoder.layer_norm
+      out = norm(jnp.concatenate([x1, x2], axis=-1))
+      out = token_dropout(c, c.dropout)(out, deterministic=self.deterministic).astype(c.dtype)
+      return (nn.with_logical_constraint(out, (sh.BATCH, sh.LENGTH, sh.ACT_EMBED)), state), None
+
+  return ReversibleStack
+
+
+def _split(fn, which: int, name: str):
+  """A block function of one layer reading its own part of the layer's parameters and of its aux pair."""
+  return lambda p, x, a: fn(p[name], x, a[which])
+
+
+def plain(fns, params, x1, x2, aux, remat: str):
+  """The same stack under plain autodiff, each layer under the remat policy (`none`: every activation kept)."""
+  for (f, g), p, a in zip(fns, params, aux):
+    layer = lambda p_, x1_, x2_, a_, f=f, g=g: forward(((f, g),), (p_,), x1_, x2_, (a_,))
+    if remat != "none":
+      layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat], prevent_cse=False)
+    x1, x2 = layer(p, x1, x2, a)
+  return x1, x2
