@@ -68,17 +68,18 @@ class ReformerAttention(Block):
 
 
 class FeedForwardChunk(Block):
-  """G on one chunk of positions: LayerNorm -> dense -> dropout -> activation -> dense -> dropout."""
+  """G on one chunk of positions: LayerNorm -> dense -> dropout -> activation -> dense -> dropout. Called as a
+  scan body, (carry, chunk) -> (carry, output), the carry unused."""
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, carry, x):
     c = _biased(self.cfg)
     h = layer_norm(c, "ln")(x).astype(c.dtype)
     h = dense(c, c.hidden_size, c.intermediate_size, (sh.EMBED, sh.MLP), "intermediate")(h)
     h = token_dropout(c, c.dropout)(h, deterministic=self.deterministic)
     h = activation(c, h)
     h = dense(c, c.intermediate_size, c.hidden_size, (sh.MLP, sh.EMBED), "output", out=True)(h)
-    return token_dropout(c, c.dropout)(h, deterministic=self.deterministic)
+    return carry, token_dropout(c, c.dropout)(h, deterministic=self.deterministic)
 
 
 class ReformerFeedForward(Block):
@@ -90,13 +91,13 @@ class ReformerFeedForward(Block):
     b, s, h = x.shape
     size = c.chunk_size_feed_forward
     if not size or size >= s:
-      return FeedForwardChunk(c, self.deterministic, name="chunk")(x)
+      return FeedForwardChunk(c, self.deterministic, name="chunk")(None, x)[1]
     if s % size:
       raise UserError(f"model.chunk_size_feed_forward={size} does not divide the sequence length {s}; "
                       "use a divisor of it (or 0: no chunks)")
     chunks = nn.scan(FeedForwardChunk, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
                      in_axes=1, out_axes=1, length=s // size)
-    out = chunks(c, self.deterministic, name="chunk")(x.reshape(b, s // size, size, h))
+    _, out = chunks(c, self.deterministic, name="chunk")(None, x.reshape(b, s // size, size, h))
     return out.reshape(b, s, h)
 
 

@@ -77,16 +77,17 @@ def _zero_cotangent(x):
   return np.zeros(x.shape, jax.dtypes.float0)
 
 
-def pure(block, c, deterministic: bool, index: int, typed_key: bool):
-  """Block class `block` of layer `index` as a pure function (params, x, (mask, positions, key)) -> float32."""
+def pure(block, c, deterministic: bool, index, typed_key: bool):
+  """Block class `block` as a pure function (params, x, (mask, positions, key, layer index)) -> float32, of layer
+  `index` (a Python int: attention kinds may pick a layer's kind statically), or None: the index its aux holds."""
 
   def fn(params, x, aux):
-    mask, positions, key = aux
+    mask, positions, key, traced_index = aux
     rngs = {}
     if not deterministic:
       rngs = {"dropout": jax.random.wrap_key_data(key) if typed_key else key}
-    y = block(c, deterministic, parent=None).apply({"params": params}, x.astype(c.dtype), mask, positions, index,
-                                                   rngs=rngs)
+    y = block(c, deterministic, parent=None).apply({"params": params}, x.astype(c.dtype), mask, positions,
+                                                   traced_index if index is None else index, rngs=rngs)
     return y.astype(jnp.float32)
 
   return fn
@@ -127,12 +128,16 @@ def stack_of(layer_module, f_block, g_block):
                     for i in range(n))
         params = tuple(sh.strip_boxes(self.variables["params"][f"layer_{i}"]) for i in range(n))
         params = tuple({"attention": p["attention"], "ffn": p["ffn"]} for p in params)
-        aux = tuple(((mask, positions, keys[i, 0]), (mask, positions, keys[i, 1])) for i in range(n))
+        aux = tuple(((mask, positions, keys[i, 0], jnp.int32(i)), (mask, positions, keys[i, 1], jnp.int32(i)))
+                    for i in range(n))
         fns = tuple((_split(f, 0, "attention"), _split(g, 1, "ffn")) for f, g in fns)
         if c.reversible:
           x1, x2 = reversible(fns, params, x1, x2, aux)
         else:
-          x1, x2 = plain(fns, params, x1, x2, aux, c.remat)
+          alike = len({str(jax.tree.map(jnp.shape, p)) for p in params}) == 1
+          scanned = (_split(pure(f_block, c, self.deterministic, None, typed), 0, "attention"),
+                     _split(pure(g_block, c, self.deterministic, None, typed), 1, "ffn"))
+          x1, x2 = plain(fns, params, x1, x2, aux, c.remat, scanned if alike else None)
       norm = layer_norm(dataclasses.replace(c, use_bias=True), "ln")  # with a bias, as ReformerEncoder.layer_norm
       out = norm(jnp.concatenate([x1, x2], axis=-1))
       out = token_dropout(c, c.dropout)(out, deterministic=self.deterministic).astype(c.dtype)
@@ -146,11 +151,23 @@ def _split(fn, which: int, name: str):
   return lambda p, x, a: fn(p[name], x, a[which])
 
 
-def plain(fns, params, x1, x2, aux, remat: str):
-  """The same stack under plain autodiff, each layer under the remat policy (`none`: every activation kept)."""
-  for (f, g), p, a in zip(fns, params, aux):
-    layer = lambda p_, x1_, x2_, a_, f=f, g=g: forward(((f, g),), (p_,), x1_, x2_, (a_,))
-    if remat != "none":
-      layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat], prevent_cse=False)
-    x1, x2 = layer(p, x1, x2, a)
+def plain(fns, params, x1, x2, aux, remat: str, scanned_fns=None):
+  """The same stack under plain autodiff, each layer under the remat policy (`none`: every activation kept). With
+  `scanned_fns` (F, G reading the layer index from their aux: every layer's parameters alike) the layers run under
+  lax.scan, as bertjax's scanned stack does: XLA then recomputes one layer at a time, where over unrolled layers it
+  hoists every layer's recomputation to the start of the backward pass, all alive at once (measured on the CPU:
+  remat=full then needs as much temporary memory as none)."""
+  if scanned_fns is None:
+    for (f, g), p, a in zip(fns, params, aux):
+      x1, x2 = _remat(lambda p_, x1_, x2_, a_, f=f, g=g: forward(((f, g),), (p_,), x1_, x2_, (a_,)), remat)(
+          p, x1, x2, a)
+    return x1, x2
+  layer = _remat(lambda p_, x1_, x2_, a_: forward((scanned_fns,), (p_,), x1_, x2_, (a_,)), remat)
+  stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *params)
+  stacked_aux = jax.tree.map(lambda *leaves: jnp.stack(leaves), *aux)
+  (x1, x2), _ = jax.lax.scan(lambda xs, pa: (layer(pa[0], *xs, pa[1]), None), (x1, x2), (stacked, stacked_aux))
   return x1, x2
+
+
+def _remat(layer, remat: str):
+  return layer if remat == "none" else jax.checkpoint(layer, policy=REMAT_POLICIES[remat], prevent_cse=False)
