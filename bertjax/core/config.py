@@ -112,6 +112,20 @@ def defaults() -> ml_collections.ConfigDict:
       lsra_conv="dynamic",  # dynamic (kernels predicted per position) | lightweight (one softmaxed kernel per head)
       lsra_glu=True,  # GLU after the convolution branch's input Linear (the reference's encoder_glu)
       lsra_weight_dropout=-1.0,  # DropConnect on the convolution kernels; < 0: model.attention_dropout
+      # Reformer's attentions (transformers' ReformerConfig names; bertjax.model.chunked, .lsh, .per_layer).
+      attn_layers="",  # attention_kind=per_layer: each layer's attention kind, "local,lsh" (repeated over the layers)
+      causal=False,  # local, lsh: a query reads no later key (transformers' is_decoder)
+      local_attn_chunk_length=64,  # local: tokens per chunk
+      local_num_chunks_before=1,  # local: neighbouring chunks a query also reads (circularly), before its own
+      local_num_chunks_after=0,  # ... and after it
+      local_attention_dropout=-1.0,  # local: dropout of the attention probabilities; < 0: model.attention_dropout
+      lsh_attn_chunk_length=64,  # lsh: tokens per chunk of the bucket-sorted row
+      lsh_num_chunks_before=1,
+      lsh_num_chunks_after=0,
+      lsh_attention_dropout=-1.0,  # lsh: < 0: model.attention_dropout
+      num_hashes=1,  # lsh: hash rounds, combined by their logsumexp
+      num_buckets="",  # lsh: "64" or factors "8,16"; "": transformers' 2^floor(log2(2 seq_len / chunk)) rule
+      hash_seed=-1,  # lsh: >= 0: the same random rotations in every layer and step (transformers' hash_seed)
       # ModernBERT-class encoders (docs/modernbert.md).
       position="learned",  # learned (absolute table) | rope (rotary positions from position_ids, no table)
       rope_theta=160_000.0,  # RoPE base of global-attention layers
@@ -309,6 +323,20 @@ def check(ok: bool, message: str):
   """Raises UserError(message) unless `ok`: the one-line form every config check takes."""
   if not ok:
     raise UserError(message)
+
+
+def names_list(text) -> tuple:
+  """A comma-separated config value ("local,lsh"; "" is empty) as a tuple of stripped names."""
+  return tuple(t.strip() for t in str(text).split(",") if t.strip())
+
+
+def ints_list(text, key: str) -> tuple:
+  """A comma-separated config value of integers ("8,16"; "" is empty) as a tuple; anything else is a one-line
+  UserError naming `key`."""
+  try:
+    return tuple(int(t) for t in names_list(text))
+  except ValueError:
+    raise UserError(f"{key}={text!r} must be integers separated by commas, e.g. 8,16") from None
 
 
 def validate(config):

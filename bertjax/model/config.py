@@ -38,6 +38,13 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       reversible=m.reversible, chunk_size_feed_forward=m.chunk_size_feed_forward,
       axial_pos_shape=tuple(m.axial_pos_shape), axial_pos_embds_dim=tuple(m.axial_pos_embds_dim),
       axial_norm_std=m.axial_norm_std, mlm_decoder=m.mlm_decoder,
+      attn_layers=config_lib.names_list(m.attn_layers), causal=m.causal,
+      local_attn_chunk_length=m.local_attn_chunk_length, local_num_chunks_before=m.local_num_chunks_before,
+      local_num_chunks_after=m.local_num_chunks_after, local_attention_dropout=m.local_attention_dropout,
+      lsh_attn_chunk_length=m.lsh_attn_chunk_length, lsh_num_chunks_before=m.lsh_num_chunks_before,
+      lsh_num_chunks_after=m.lsh_num_chunks_after, lsh_attention_dropout=m.lsh_attention_dropout,
+      num_hashes=m.num_hashes, num_buckets=config_lib.ints_list(m.num_buckets, "model.num_buckets"),
+      hash_seed=m.hash_seed,
       dense_grad=dense_grad(m.get("dense_grad", "xla"), platform or jax.default_backend()))
 
 
@@ -100,6 +107,8 @@ def _validate_kinds(m):
   """The kinds of the encoder's parts (bertjax.model.kinds: each family's key names a registered kind, and each
   kind checks its own options: rope's head width, the pattern of local layers) and the init scheme."""
   kinds.check(m)
+  check(not m.attn_layers or m.attention_kind == "per_layer", f"model.attn_layers={m.attn_layers!r} names each "
+        "layer's attention kind for model.attention_kind=per_layer only; set it, or clear attn_layers")
   check(m.init in ("bert", "modernbert"), f"model.init={m.init!r}; use bert or modernbert")
   check(m.mlm_decoder in ("tied", "untied"), f"model.mlm_decoder={m.mlm_decoder!r}; use tied or untied")
   check(not m.trigram_input or m.embedding_transformation,

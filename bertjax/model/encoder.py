@@ -18,7 +18,7 @@ from flax import linen as nn
 from bertjax.core import sharding as sh
 from bertjax.model import kinds, layer_kinds  # noqa: F401  (layer_kinds: the built-in kinds register)
 from bertjax.model.hparams import QUANT_RANGES
-from bertjax.model.layer import remat, scan_layers, shared_blocks, stacked_init  # noqa: F401  (remat: callers' import)
+from bertjax.model.layer import per_step, remat, scan_layers, shared_blocks, stacked_init  # noqa: F401  (remat: callers' import)
 from bertjax.model.layers import Block, dense, rows_at
 
 
@@ -39,7 +39,7 @@ class Encoder(Block):
       out = self.split_stack(layer, carry, mask, shared, head_gates, positions, outputs_at)
     else:  # the layer kind's stack (bert: `layer` under nn.scan; reformer: bertjax.model.reversible)
       out, _ = kinds.of(c, "layer").stack(c, layer)(c, self.deterministic, name="layers")(
-          carry, jnp.arange(c.num_layers), mask, shared, head_gates, positions)
+          carry, per_step(c, jnp.arange(c.num_layers)), mask, shared, per_step(c, head_gates), positions)
       if outputs_at is not None:
         out = jax.tree.map(lambda h: rows_at(h, outputs_at), out[0]), None
     return kinds.of(c, "norm").output(out[0])

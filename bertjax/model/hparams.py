@@ -95,6 +95,21 @@ class EncoderConfig:
   lsra_conv: str = "dynamic"  # dynamic (a kernel per position from the input) | lightweight (a kernel per head)
   lsra_glu: bool = True  # the convolution branch's input Linear doubles its width and gates it (GLU)
   lsra_weight_dropout: float = -1.0  # DropConnect rate of the convolution kernels; < 0: attention_dropout
+  # Reformer's chunked attentions (attention_kind local | lsh: bertjax.model.chunked, .lsh) and the per-layer pattern
+  # of attention kinds (attention_kind per_layer: bertjax.model.per_layer); names as transformers' ReformerConfig's.
+  attn_layers: tuple = ()  # per_layer: the attention kind of each layer of a repeating pattern ("local", "lsh")
+  causal: bool = False  # local, lsh: a query reads no later key (transformers' is_decoder)
+  local_attn_chunk_length: int = 64
+  local_num_chunks_before: int = 1
+  local_num_chunks_after: int = 0
+  local_attention_dropout: float = -1.0  # < 0: attention_dropout
+  lsh_attn_chunk_length: int = 64
+  lsh_num_chunks_before: int = 1
+  lsh_num_chunks_after: int = 0
+  lsh_attention_dropout: float = -1.0  # < 0: attention_dropout
+  num_hashes: int = 1  # lsh: hash rounds
+  num_buckets: tuple = ()  # lsh: (buckets,) or its factors; (): transformers' rule from the row's length
+  hash_seed: int = -1  # lsh: >= 0: one set of rotations for every layer and step; < 0: drawn per layer (and step)
   # MobileBERT-class options (docs/models.md, MobileBERT); the defaults are BERT's and change nothing.
   layer: str = "bert"  # the layer kind (bertjax.model.layer_kinds): bert | mobilebert (bottleneck block)
   bottleneck_size: int = 0  # mobilebert: the intra-bottleneck width (HF intra_bottleneck_size)

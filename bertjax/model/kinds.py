@@ -6,7 +6,7 @@ the config checks ask the kind, and never test its name. Which config key select
 
 | family      | EncoderConfig / model key | built-in kinds (module)                         |
 |-------------|---------------------------|-------------------------------------------------|
-| `attention` | `attention_kind`          | `mha` (bertjax.model.mha), `lsra` (.lsra), `constituent` (.constituent), `complex_order` (.complex_order) |
+| `attention` | `attention_kind`          | `mha` (bertjax.model.mha), `lsra` (.lsra), `constituent` (.constituent), `complex_order` (.complex_order), `local` (.chunked), `lsh` (.lsh), `per_layer` (.per_layer) |
 | `position`  | `position`                | `learned`, `rope` (bertjax.model.positions), `complex_order` (.complex_order) |
 | `norm`      | `norm`                    | `post`, `pre` (bertjax.model.norms), `nonorm` (.nonorm) |
 | `ffn`       | `ffn`                     | `mlp`, `geglu` (bertjax.model.ffn)              |
@@ -35,6 +35,11 @@ class Kind:
   def check_run(self, config) -> None:
     """Checks what this kind demands of the rest of the run config (axial positions: the training lengths and
     the data format); raises UserError with the fix. Default: nothing."""
+
+  def family(self, m) -> str | None:
+    """The transformers family of this kind for the model section `m`: `hf_family` (a kind made of other kinds,
+    bertjax.model.per_layer, answers theirs)."""
+    return self.hf_family
 
 
 def register(family: str, name: str):
@@ -90,7 +95,7 @@ def check_run(config) -> None:
 def hf_family(m) -> str | None:
   """The transformers family the chosen kinds demand (None: they leave it to the rest of the model); a model
   whose kinds have no transformers family, or two different ones, gets a one-line UserError."""
-  wanted = {k.hf_family: f"model.{KEYS[f]}={k.name}" for f, k in chosen(m).items() if k.hf_family is not None}
+  wanted = {k.family(m): f"model.{KEYS[f]}={k.name}" for f, k in chosen(m).items() if k.family(m) is not None}
   if "" in wanted:
     raise UserError(f"{wanted['']} has no transformers equivalent, so this model has no HF export")
   if len(wanted) > 1:

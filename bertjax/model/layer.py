@@ -3,7 +3,7 @@ the norm kind between them; and ALBERT's cross-layer sharing (blocks a group of 
 parameters stacked per group).
 
 Importing this module registers the built-in kinds (bertjax.model.mha, lsra, ffn, norms, positions, constituent,
-complex_order).
+complex_order, chunked, lsh, per_layer).
 """
 
 import dataclasses
@@ -16,6 +16,7 @@ from bertjax.core import sharding as sh
 from bertjax.model import ffn as ffn_lib
 from bertjax.model import kinds, lsra, mha, norms, positions as position_kinds  # noqa: F401  (built-in kinds register on import)
 from bertjax.model import complex_order, constituent  # noqa: F401  (ICLR-2020 variants: docs/models.md)
+from bertjax.model import chunked, lsh, per_layer  # noqa: F401  (Reformer's attentions: docs/models.md)
 from bertjax.model.hparams import EncoderConfig, layers_per_iteration, QUANT_RANGES, REMAT_POLICIES
 from bertjax.model.layers import Block, rows_at
 
@@ -25,6 +26,23 @@ BLOCK_NAMES = ("attention", "ffn")  # a layer's blocks, in order; the names of t
 def block_class(c: EncoderConfig, name: str):
   """The flax module of a layer's block `name`: the attention kind's block, or the FFN block."""
   return kinds.of(c, "attention").block if name == "attention" else ffn_lib.FeedForward
+
+
+def layers_per_step(c: EncoderConfig) -> int:
+  """Consecutive layers one step of the layer scan runs (the attention kind's answer: 1 unless its layers differ)."""
+  return kinds.of(c, "attention").layers_per_step(c)
+
+
+def scan_unit(c: EncoderConfig, layer):
+  """The module one step of the layer scan runs, from the layer kind's module (the attention kind's answer)."""
+  return kinds.of(c, "attention").scan_unit(c, layer)
+
+
+def per_step(c: EncoderConfig, x):
+  """A per-layer input x [L, ...] (layer indices, head gates) as the layer scan's steps take it: [L / P, P, ...]
+  for P layers per step; x itself when P is 1 or x is None."""
+  p = layers_per_step(c)
+  return x if p == 1 or x is None else x.reshape((x.shape[0] // p, p) + x.shape[1:])
 
 
 def is_stacked(path) -> bool:
@@ -118,14 +136,13 @@ def remat(layer, c: EncoderConfig):
 
 
 def scan_layers(layer, c: EncoderConfig, length: int):
-  """`length` layers under nn.scan: parameters stacked on a leading `layers` axis, dropout keys split per layer."""
+  """`length` layers under nn.scan, `layers_per_step` a step: parameters stacked on a `layers` axis, dropout split."""
   return nn.scan(
-      layer,
+      scan_unit(c, layer),
       variable_axes={"params": 0, "intermediates": 0, QUANT_RANGES: 0},
       split_rngs={"params": True, "dropout": True},
       in_axes=(0, nn.broadcast, nn.broadcast, 0, nn.broadcast),
-      length=length,
+      length=length // layers_per_step(c),
       metadata_params={nn.PARTITION_NAME: sh.LAYERS},
-      unroll=min(layers_per_iteration(c), length),
+      unroll=min(layers_per_iteration(c), length // layers_per_step(c)),
   )
-

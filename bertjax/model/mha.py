@@ -135,6 +135,22 @@ class AttentionKind(kinds.Kind):
     """What every layer's attention block takes besides its input, from the rows' groups [B, S]."""
     raise NotImplementedError
 
+  def layers_per_step(self, c) -> int:
+    """Consecutive layers one step of the layer scan runs, each with parameters of its own: 1 (every layer
+    alike), or a per-layer pattern's period (bertjax.model.per_layer)."""
+    return 1
+
+  def layer_kind(self, c, index: int, mask):
+    """(the config, the mask) that layer `index` (a Python int) runs its attention with, for a stack that runs its
+    layers one by one (bertjax.model.reversible): the layer's block is then that config's kind's. Default: (c, mask)
+    (every layer is this kind); a per-layer pattern answers the layer's kind's."""
+    return c, mask
+
+  def scan_unit(self, c, layer):
+    """The module one step of the layer scan runs, from the layer kind's module `layer`: itself when
+    layers_per_step is 1."""
+    return layer
+
   def forward_flops(self, c, seq_len: int, layer: int) -> float:
     """Forward matmul FLOPs per token of layer `layer`'s attention."""
     raise NotImplementedError

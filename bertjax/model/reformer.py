@@ -64,7 +64,9 @@ class ReformerAttention(Block):
   def __call__(self, x, mask, positions=None, layer_index=0):
     c = self.cfg
     h = layer_norm(_biased(c), "ln")(x).astype(c.dtype)
-    return kinds.of(c, "attention").block(c, self.deterministic, name="self")(h, mask, None, positions, layer_index)
+    layer_c, layer_mask = kinds.of(c, "attention").layer_kind(c, layer_index, mask)  # a per-layer pattern's kind
+    block = kinds.of(layer_c, "attention").block
+    return block(layer_c, self.deterministic, name="self")(h, layer_mask, None, positions, layer_index)
 
 
 class FeedForwardChunk(Block):

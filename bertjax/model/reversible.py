@@ -24,6 +24,7 @@ import numpy as np
 from flax import linen as nn
 
 from bertjax.core import sharding as sh
+from bertjax.model import kinds
 from bertjax.model.dropout import token_dropout
 from bertjax.model.hparams import REMAT_POLICIES
 from bertjax.model.layers import Block, layer_norm
@@ -134,7 +135,9 @@ def stack_of(layer_module, f_block, g_block):
         if c.reversible:
           x1, x2 = reversible(fns, params, x1, x2, aux)
         else:
-          alike = len({str(jax.tree.map(jnp.shape, p)) for p in params}) == 1
+          attention = kinds.of(c, "attention")  # a scan needs one kind (one config) in every layer
+          alike = (len({str(jax.tree.map(jnp.shape, p)) for p in params}) == 1
+                   and all(attention.layer_kind(c, i, mask)[0] == c for i in range(n)))
           scanned = (_split(pure(f_block, c, self.deterministic, None, typed), 0, "attention"),
                      _split(pure(g_block, c, self.deterministic, None, typed), 1, "ffn"))
           x1, x2 = plain(fns, params, x1, x2, aux, c.remat, scanned if alike else None)
