@@ -26,16 +26,16 @@ from bertjax.core.config import defaults, tiny_on_demo
 # feed_forward_size 4096, hidden_act relu, axial_pos_shape [128, 512], axial_pos_embds_dim [256, 768],
 # max_position_embeddings 65536, hidden_dropout_prob 0.2, local_attn_chunk_length 128, lsh_attn_chunk_length 256,
 # num_hashes 4, num_buckets 512, attn_layers [local, local, lsh, local, local, local, lsh, local, local, local,
-# lsh, local]. mlm_base: the spec sheet's section 3.6 row (ReformerConfig's defaults for the rest: gelu,
-# hidden_dropout_prob 0.05, chunks 64, 1 hash, buckets computed: bertjax fixes 8 = 2 x 512 / 128 rounded down to a
-# power of 2, what transformers' _set_num_buckets writes for seq 512 and chunk 64... see docs/models.md).
+# lsh, local]. mlm_base: the spec sheet's section 3.6 row, ReformerConfig's defaults for the rest (gelu,
+# hidden_dropout_prob 0.05, chunks of 64, 1 hash, num_buckets None: "" here, transformers' _set_num_buckets rule).
+# tiny: 2 hash rounds of 4 buckets in chunks of 32 (128 = 4 chunks).
 ENWIK8_PATTERN = "local,local,lsh,local,local,local,lsh,local,local,local,lsh,local"
 VARIANTS = {
-    "enwik8": (258, 1024, 12, 8, 128, 4096, "relu", (128, 512), (256, 768), 65536, 0.2, 128, 256, 4, 512,
+    "enwik8": (258, 1024, 12, 8, 128, 4096, "relu", (128, 512), (256, 768), 65536, 0.2, 128, 256, 4, "512",
                ENWIK8_PATTERN),
-    "mlm_base": (30522, 768, 12, 12, 64, 3072, "gelu", (16, 32), (256, 512), 512, 0.05, 64, 64, 1, 16,
+    "mlm_base": (30522, 768, 12, 12, 64, 3072, "gelu", (16, 32), (256, 512), 512, 0.05, 64, 64, 1, "",
                  ",".join(["local,lsh"] * 6)),
-    "tiny": (2000, 64, 2, 2, 32, 128, "gelu", (8, 16), (32, 32), 128, 0.05, 32, 32, 2, 4, "local,lsh"),
+    "tiny": (2000, 64, 2, 2, 32, 128, "gelu", (8, 16), (32, 32), 128, 0.05, 32, 32, 2, "4", "local,lsh"),
 }
 
 
@@ -60,14 +60,20 @@ def get_config(arg: str = "mlm_base"):
   m.position, m.axial_pos_shape, m.axial_pos_embds_dim = "axial", axial_shape, axial_dims
   m.axial_norm_std = 1.0  # ReformerConfig's axial_norm_std
   m.max_positions, m.type_vocab_size = max_pos, 0  # no token types (ReformerEmbeddings)
-  m.dropout, m.attention_dropout = dropout, 0.1  # hidden_dropout_prob; lsh/local_attention_probs_dropout_prob
+  m.dropout, m.attention_dropout = dropout, 0.1  # hidden_dropout_prob; lsh_attention_probs_dropout_prob
+  # local_attention_probs_dropout_prob: enwik8's 0.2, ReformerConfig's default 0.1 elsewhere.
+  m.local_attention_dropout = 0.2 if arg == "enwik8" else 0.1
   m.layer_norm_eps = 1e-12  # ReformerConfig's layer_norm_eps
   m.init_std = 0.02  # ReformerConfig's initializer_range
   m.use_bias = False  # query/key/value and the attention output have no bias (the FFN and norms keep theirs)
   m.chunk_size_feed_forward = 0  # ReformerConfig's (PreTrainedConfig's) default
-  m.attention = "xla"
-  m.attention_kind = "mha"  # TODO(lsh): local/LSH per layer (pattern, chunks, hashes, buckets above)
-  del local_chunk, lsh_chunk, hashes, buckets, pattern
+  m.attention = "xla"  # local and lsh run on xla
+  m.attention_kind, m.attn_layers = "per_layer", pattern  # attn_layers
+  m.local_attn_chunk_length, m.lsh_attn_chunk_length = local_chunk, lsh_chunk
+  m.local_num_chunks_before, m.local_num_chunks_after = 1, 0  # local_num_chunks_before / _after
+  m.lsh_num_chunks_before, m.lsh_num_chunks_after = 1, 0  # lsh_num_chunks_before / _after
+  m.num_hashes, m.num_buckets = hashes, buckets
+  m.causal = arg == "enwik8"  # is_decoder: enwik8 is a causal LM (bertjax trains it with MLM all the same)
   # Objectives: MLM only.
   c.objectives.mlm = 1.0
   c.optimizer.name, c.optimizer.weight_decay = "adamw", 0.01
