@@ -150,8 +150,7 @@ def defaults() -> ml_collections.ConfigDict:
       embedding_transformation=False,  # embeddings: E (3E) -> H before H-wide position/type tables and the norm
       mlm_extra_output=False,  # MLM head: H -> H transform, decoder [word embeddings^T; extra output weights]
       pooler_activation=True,  # sentence head: tanh pooler over [CLS]; False: [CLS]'s state (HF classifier_activation)
-      # Reformer-class encoders (docs/models.md, Reformer; configs/reformer.py).
-      reversible=True,  # layer=reformer: reversible stack (custom VJP); False: plain autodiff under model.remat
+      reversible=True,  # layer=reformer (docs/models.md, Reformer): custom-VJP reversible stack; False: autodiff, model.remat
       chunk_size_feed_forward=0,  # layer=reformer: FFN over chunks of this many positions (0: all at once)
       axial_pos_shape=(),  # position=axial: (d1, d2) with d1 x d2 = the training seq_len
       axial_pos_embds_dim=(),  # position=axial: widths (e1, e2) of its two tables, summing to the embedding width
