@@ -15,11 +15,9 @@ import torch
 from transformers import ReformerConfig, ReformerForMaskedLM, ReformerModelWithLMHead
 from transformers.models.reformer import modeling_reformer as hf_reformer
 
-from bertjax.core import config as config_lib
-from bertjax.hf import reformer as hf_lib
+from bertjax.hf import convert, reformer as hf_lib
 from bertjax.model import config as model_config, lsh
 from bertjax.model.pretrain import Pretrainer
-from bertjax.train import build
 
 V, S, B = 40, 32, 2
 
@@ -34,15 +32,13 @@ def _hf_config(causal: bool) -> ReformerConfig:
       lsh_attention_probs_dropout_prob=0.0, pad_token_id=0)
 
 
-def _ours(hf_model):
-  """(EncoderConfig, params) of transformers' model, imported through config.json and the state dict."""
-  config = config_lib.defaults()
-  config.model.update(hf_lib.model_section(hf_model.config.to_dict()))
-  config.seq_len, config.data.format, config.objectives.nsp = S, "single", 0.0
-  build.validate(config)
-  enc = model_config.encoder_config(config.model, platform="cpu")
-  tensors = {k: v.detach().numpy() for k, v in hf_model.state_dict().items()}
-  return enc, jax.tree.map(jnp.asarray, hf_lib.params_from_hf(tensors, enc))
+def _ours(hf_model, directory):
+  """(run config, EncoderConfig, params) of transformers' model saved to `directory` and imported (read_hf)."""
+  hf_model.save_pretrained(directory)
+  imported = convert.read_hf(str(directory))
+  assert imported.family == "reformer" and not imported.unused and imported.config.seq_len == S
+  enc = model_config.encoder_config(imported.config.model, platform="cpu")
+  return imported.config, enc, jax.tree.map(jnp.asarray, imported.params)
 
 
 def _inputs():
@@ -66,10 +62,10 @@ def _batch(ids, mask, positions):
 
 
 @pytest.mark.parametrize("cls,causal", [(ReformerForMaskedLM, False), (ReformerModelWithLMHead, True)])
-def test_import_gives_transformers_logits_and_export_loads_strictly(cls, causal):
+def test_import_gives_transformers_logits_and_export_loads_strictly(cls, causal, tmp_path):
   torch.manual_seed(0)
   model = cls(_hf_config(causal)).eval()
-  enc, params = _ours(model)
+  config, enc, params = _ours(model, tmp_path / "hf")
   ids, mask = _inputs()
   with _rotations(enc), torch.no_grad():
     want = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
@@ -77,26 +73,22 @@ def test_import_gives_transformers_logits_and_export_loads_strictly(cls, causal)
   got = jax.jit(lambda p, b: Pretrainer(enc).apply({"params": p}, b))(params, _batch(ids, mask, every))["mlm_logits"]
   real = mask.astype(bool)
   np.testing.assert_allclose(np.asarray(got)[real], want[real], atol=1e-5, rtol=0)
-  # Export: the state dict transformers holds, loaded strictly, gives the same logits.
-  exported = hf_lib.params_to_hf(jax.tree.map(np.asarray, params), enc)
-  again = cls(hf_lib_config(enc)).eval()
-  again.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in exported.items()}, strict=True)
+  # Export (write_hf): the class of the same architecture loads every tensor it holds, and gives the same logits.
+  (out,) = convert.write_hf(config, params, str(tmp_path / "out"))
+  again, info = cls.from_pretrained(out, output_loading_info=True)
+  assert not any(info.values()), info
+  assert set(hf_lib.params_to_hf(jax.tree.map(np.asarray, params), enc)) == set(model.state_dict())
+  again.eval()
   with _rotations(enc), torch.no_grad():
     np.testing.assert_array_equal(
         again(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy(), want)
 
 
-def hf_lib_config(enc) -> ReformerConfig:
-  config = hf_lib.to_hf(enc)
-  config.pop("architectures"), config.pop("model_type"), config.pop("torch_dtype")
-  return ReformerConfig(**config)
-
-
 @pytest.mark.slow
-def test_twenty_adamw_steps_follow_transformers():
+def test_twenty_adamw_steps_follow_transformers(tmp_path):
   torch.manual_seed(0)
   model = ReformerForMaskedLM(_hf_config(False)).train()
-  enc, params = _ours(model)
+  _, enc, params = _ours(model, tmp_path)
   ids, mask = _inputs()
   ids[1, S - 5:], mask[1] = 1, 1  # transformers' training pads nothing (axial positions: exactly d1 x d2)
   positions = np.stack([np.arange(0, S, 4), np.arange(1, S, 4)])

@@ -26,6 +26,8 @@ from bertjax.model.positions import PositionKind
 class Axial(PositionKind):
   """Axial positions: table `axial_0` [d1, e1] and `axial_1` [d2, e2] (module docstring)."""
 
+  hf_family = "reformer"  # transformers has axial positions in its Reformer only
+
   def check(self, m):
     shape, dims = tuple(m.axial_pos_shape), tuple(m.axial_pos_embds_dim)
     check(len(shape) == 2 and len(dims) == 2 and min(shape + dims) > 0,
