@@ -7,10 +7,10 @@ the config checks ask the kind, and never test its name. Which config key select
 | family      | EncoderConfig / model key | built-in kinds (module)                         |
 |-------------|---------------------------|-------------------------------------------------|
 | `attention` | `attention_kind`          | `mha` (bertjax.model.mha), `lsra` (.lsra), `constituent` (.constituent), `complex_order` (.complex_order), `local` (.chunked), `lsh` (.lsh), `per_layer` (.per_layer) |
-| `position`  | `position`                | `learned`, `rope` (bertjax.model.positions), `complex_order` (.complex_order) |
-| `norm`      | `norm`                    | `post`, `pre` (bertjax.model.norms), `nonorm` (.nonorm) |
+| `position`  | `position`                | `learned`, `rope` (bertjax.model.positions), `complex_order` (.complex_order), `axial` (.axial) |
+| `norm`      | `norm`                    | `post`, `pre` (bertjax.model.norms), `nonorm` (.nonorm), `reversible` (.reformer) |
 | `ffn`       | `ffn`                     | `mlp`, `geglu` (bertjax.model.ffn)              |
-| `layer`     | `layer`                   | `bert`, `mobilebert` (bertjax.model.layer_kinds) |
+| `layer`     | `layer`                   | `bert`, `mobilebert`, `reformer` (bertjax.model.layer_kinds) |
 
 What a kind of each family answers is written in its base class below; docs/layout.md shows how to add one
 (and tests/test_kinds.py registers a toy kind from outside the package and trains it).
