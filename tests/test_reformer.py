@@ -70,8 +70,12 @@ def test_parameters_are_transformers_reformer_layers(tiny):
 
 
 def test_reversible_stack_needs_less_temp_memory_than_remat_full():
+  # Local attention (chunks of 32): the L stored layer inputs that remat=full keeps, and the reversible stack does
+  # not, outweigh one layer's recomputation (with dense attention at short rows its [S, S] arrays are the larger:
+  # docs/results.md, long rows).
   c = dataclasses.replace(TINY, num_layers=4, dropout=0.0, attention_dropout=0.0, chunk_size_feed_forward=0,
-                          max_positions=256)
+                          max_positions=256, attention_kind="local", local_attn_chunk_length=32,
+                          local_num_chunks_after=1)
   x, groups = jnp.ones((1, 256, 32)), jnp.ones((1, 256), jnp.int32)
   params = nn.unbox(jax.jit(Encoder(c).init)(jax.random.key(0), x, groups)["params"])
 
@@ -80,7 +84,7 @@ def test_reversible_stack_needs_less_temp_memory_than_remat_full():
     return grad.lower(params, x).compile().memory_analysis().temp_size_in_bytes
 
   rev, full = temp(c), temp(dataclasses.replace(c, reversible=False, remat="full"))
-  assert rev < full
+  assert rev < 0.85 * full
 
 
 def test_chunked_feed_forward_computes_the_same_values(tiny):

@@ -167,8 +167,14 @@ def plain(fns, params, x1, x2, aux, remat: str, scanned_fns=None):
     return x1, x2
   layer = _remat(lambda p_, x1_, x2_, a_: forward((scanned_fns,), (p_,), x1_, x2_, (a_,)), remat)
   stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *params)
-  stacked_aux = jax.tree.map(lambda *leaves: jnp.stack(leaves), *aux)
-  (x1, x2), _ = jax.lax.scan(lambda xs, pa: (layer(pa[0], *xs, pa[1]), None), (x1, x2), (stacked, stacked_aux))
+  (mask, positions, _, _), _ = aux[0]  # every layer's; only the keys and the index are scanned over
+  per_layer = jax.tree.map(lambda *leaves: jnp.stack(leaves), *[tuple(b[2:] for b in a) for a in aux])
+
+  def step(xs, slices):
+    p, blocks = slices
+    return layer(p, *xs, tuple((mask, positions, *b) for b in blocks)), None
+
+  (x1, x2), _ = jax.lax.scan(step, (x1, x2), (stacked, per_layer))
   return x1, x2
 
 
