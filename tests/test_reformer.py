@@ -115,3 +115,11 @@ def test_axial_rows_and_refusals():
   config.seq_len, config.data.format = 128, "packed"
   with pytest.raises(UserError, match="data.format=packed restarts positions"):
     model_config.validate(config)
+
+
+@pytest.mark.parametrize("variant,count", [("enwik8", 149_182_980), ("mlm_base", 151_885_940)])
+def test_parameter_counts_equal_transformers(variant, count):
+  # ReformerModelWithLMHead (google/reformer-enwik8's config) and the BERT-base-like ReformerForMaskedLM, counted
+  # under torch.device("meta") in the spec sheet (mobilebert_reformer.md, section 3.6).
+  shapes = build.param_shapes(load_config(f"configs/reformer.py:{variant}"))
+  assert sum(x.size for x in jax.tree.leaves(shapes)) == count
