@@ -98,7 +98,7 @@ def _norm(t, prefix):
 
 def params_from_hf(tensors: dict, enc) -> dict:
   """bertjax parameters (numpy) of a ReformerForMaskedLM / ReformerModelWithLMHead state dict."""
-  t, h, nh, dh = tensors, enc.hidden_size, enc.num_heads, enc.head_dim
+  t, nh, dh = tensors, enc.num_heads, enc.head_dim
   emb = {"word": np.asarray(t[BASE + "embeddings.word_embeddings.weight"])}
   if enc.position == "axial":
     for j in range(2):
@@ -118,7 +118,6 @@ def params_from_hf(tensors: dict, enc) -> dict:
     layers[f"layer_{i}"] = {"attention": {"ln": _norm(t, p + "attention.layer_norm"), "self": attention},
                             "ffn": {"chunk": ffn}}
   layers["ln"] = _norm(t, BASE + "encoder.layer_norm")
-  del h
   return {"embeddings": emb, "encoder": {"layers": layers},
           "mlm": {"decoder": _linear(t, "lm_head.decoder"), "bias": np.asarray(t["lm_head.bias"])}}
 

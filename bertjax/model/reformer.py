@@ -37,7 +37,7 @@ class Reversible(Post):
   hf_family = "reformer"
 
   def check(self, m):
-    check(m.layer == "reformer", f"model.norm=reversible is the Reformer layer's; set model.layer=reformer")
+    check(m.layer == "reformer", "model.norm=reversible is the Reformer layer's; set model.layer=reformer")
 
   def norm(self, c, name, names=(sh.EMBED,)):
     return lambda x: x  # the embeddings' norm: ReformerEmbeddings has none
