@@ -19,7 +19,7 @@ from transformers.models.reformer import modeling_reformer as hf_reformer
 from bertjax.core import sharding
 from bertjax.core.errors import UserError
 from bertjax.data.tokenizer import SPM_SPECIAL
-from bertjax.model import chunked, layer, lsh, per_layer
+from bertjax.model import chunked, kinds, layer, lsh, per_layer
 from bertjax.model.encoder import Encoder
 from bertjax.model.hparams import EncoderConfig
 from bertjax.train import build
@@ -140,6 +140,34 @@ def test_lsh_keeps_packed_examples_apart():
   first = np.asarray(run(v))[0, :, :12]
   np.testing.assert_array_equal(np.asarray(run(v.at[:, :, 12:26].multiply(-3.0)))[0, :, :12], first)
   assert np.abs(np.asarray(run(v.at[:, :, :12].multiply(-3.0)))[0, :, :12] - first).max() > 1e-3
+  # Buckets passed in (a reversible recompute's) are used instead of hashing.
+  given = jax.jit(lambda b: lsh.lsh_attention(qk, v, groups, None, (4,), CHUNK, 1, 1, False, lambda p: p, b))
+  out, buckets = given(lsh.hash_buckets(qk, lsh.seeded_rotations(c, 32), groups, (4,)))
+  np.testing.assert_array_equal(np.asarray(out)[0, :, :12], first)
+  assert np.abs(np.asarray(given((buckets + 1) % 4)[0])[0, :, :12] - first).max() > 1e-3
+
+
+def test_rotations_are_drawn_per_layer_and_step_or_fixed_by_hash_seed():
+  _, c = _configs("lsh", num_hashes=1, num_buckets=8)  # hash_seed -1: transformers' None
+  x, groups = jax.random.normal(jax.random.key(0), (1, 32, H)), jnp.ones((1, 32), jnp.int32)
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: jnp.asarray(rng.normal(0, 0.3, s.shape), jnp.float32),
+                        nn.unbox(jax.eval_shape(lsh.LSHAttention(c).init, jax.random.key(1), x, groups)))
+
+  def buckets(c, deterministic=True):
+    def run(layer_index, key):
+      _, sown = lsh.LSHAttention(c, deterministic).apply(params, x, groups, layer_index=layer_index,
+                                                         rngs={"dropout": key}, mutable="intermediates")
+      return sown["intermediates"]["buckets"][0]
+    run = jax.jit(run)
+    return lambda i, seed=0: np.asarray(run(i, jax.random.key(seed)))
+
+  evaluate, train = buckets(c), buckets(c, deterministic=False)
+  np.testing.assert_array_equal(evaluate(0), evaluate(0))  # evaluation: the layer's own rotations, every time
+  assert not np.array_equal(evaluate(0), evaluate(1))
+  assert not np.array_equal(train(0, seed=1), train(0, seed=2))  # training: new rotations from each step's key
+  seeded = buckets(dataclasses.replace(c, hash_seed=5), deterministic=False)
+  np.testing.assert_array_equal(seeded(0, seed=1), seeded(1, seed=2))  # hash_seed: one R for every layer and step
 
 
 def test_local_attention_wraps_around_and_keeps_packed_examples_apart():
@@ -163,6 +191,12 @@ def test_local_attention_wraps_around_and_keeps_packed_examples_apart():
 def test_fused_attention_is_refused_in_one_line():
   config = micro(**{"model.attention_kind": "local", "model.attention": "cudnn"})
   with pytest.raises(UserError, match="model.attention_kind=local has no fused kernel.*model.attention=xla"):
+    build.validate(config)
+  config = micro(**{"model.attention_kind": "per_layer", "model.attn_layers": "local,lsh", "model.attention": "splash"})
+  with pytest.raises(UserError, match="model.attention_kind=local has no fused kernel"):
+    build.validate(config)
+  config = micro(**{"model.causal": True})
+  with pytest.raises(UserError, match="model.causal=True masks later keys in the local and lsh"):
     build.validate(config)
 
 
@@ -210,6 +244,11 @@ def test_the_pattern_period_and_its_checks():
   assert per_layer.period(c) == 4
   assert per_layer.period(dataclasses.replace(c, attn_layers=("lsh",) + ("local",) * 11)) == 12
   assert per_layer.period(dataclasses.replace(c, attn_layers=("local", "lsh"))) == 2
+  # FLOPs per token are each layer's kind's; hand counts for H = 16 (2 x 8), 32 tokens, chunks of 8 and the one
+  # before: local 4 projections 2 x 4 x 16 x 16 + scores and values over 16 keys 2 x 2 x 16 x 16 = 3072; lsh
+  # 3 projections 1536 + rotations 2 x 16 x 2 rounds x 2 + 2 rounds x 2 x 2 x 16 x 16 = 3712.
+  pattern = _pattern_config(2)
+  assert [kinds.of(pattern, "attention").forward_flops(pattern, 32, i) for i in (0, 1)] == [3072, 3712]
   config = micro(**{"model.attention_kind": "per_layer", "model.attn_layers": "local,lsh,local"})
   with pytest.raises(UserError, match="model.attn_layers='local,lsh,local'; give a comma-separated list whose"):
     build.validate(config)

@@ -22,7 +22,8 @@ The rotations: with `model.hash_seed` >= 0 one R = normal(key(hash_seed)) serves
 (transformers' hash_seed: one torch.manual_seed before every draw); otherwise each layer draws its own, from its
 dropout key while training (new rotations every step, as transformers and trax draw them) and from key(0) folded
 with the layer's index when dropout is off (a deterministic eval). Every layer sows its buckets
-(`intermediates`/`buckets`: [B, heads, rounds, S], the extra bucket = prod(num_buckets) for padding).
+(`intermediates`/`buckets`: [B, heads, rounds, S], the extra bucket = prod(num_buckets) for padding), and takes
+them from the `lsh_buckets` collection instead of hashing when a caller passes it in (`BUCKETS`).
 """
 
 import math
@@ -39,6 +40,9 @@ from bertjax.model.chunked import (Chunked, allowed, attend, block_output, check
 from bertjax.model.layers import Block
 
 SELF_MASK = -1e5  # transformers' self_mask_value_float32
+# A variable collection a caller may pass in to set a layer's buckets instead of hashing (a reversible stack's
+# recompute, as transformers reuses the forward pass's buckets): {"buckets": [B, heads, rounds, S]} at the block.
+BUCKETS = "lsh_buckets"
 
 
 def bucket_factors(c, seq_len: int) -> tuple:
@@ -103,9 +107,11 @@ def length_norm(x, eps: float = 1e-6):
   return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + eps)
 
 
-def lsh_attention(qk, v, groups, r, factors, length: int, before: int, after: int, causal: bool, drop):
+def lsh_attention(qk, v, groups, r, factors, length: int, before: int, after: int, causal: bool, drop,
+                  buckets=None):
   """transformers' LSHSelfAttention after its projections: qk, v [B, heads, S, D], groups [B, S], rotations r ->
-  (context [B, heads, S, D], buckets [B, heads, rounds, S] or None for a row of one chunk)."""
+  (context [B, heads, S, D], buckets [B, heads, rounds, S] or None for a row of one chunk). `buckets`: given
+  instead of hashed (transformers' cached buckets, which its reversible backward pass reuses)."""
   b, h, s, d = qk.shape
   scale = jnp.sqrt(jnp.float32(d))
   if s <= length:  # one chunk: plain attention, nothing hashed
@@ -113,11 +119,11 @@ def lsh_attention(qk, v, groups, r, factors, length: int, before: int, after: in
     ok = allowed(groups[:, None, :, None], groups[:, None, None, :], pos[:, None], pos, causal)
     keys = (length_norm(qk.astype(jnp.float32)) / scale).astype(qk.dtype)
     return attend(qk, keys, v, ok, drop, pos[:, None] == pos, SELF_MASK)[0], None
-  rounds = r.shape[2]
+  rounds = r.shape[2] if buckets is None else buckets.shape[2]
   if rounds * s % length:
     raise UserError(f"{rounds} hash rounds of a {s}-token row do not split into chunks of "
                     f"model.lsh_attn_chunk_length={length}; use a seq_len that is a multiple of it")
-  buckets = hash_buckets(qk, r, groups, factors)
+  buckets = hash_buckets(qk, r, groups, factors) if buckets is None else buckets
   order, undo = sort_by_bucket(buckets, math.prod(factors))
   pos = order % s  # [B, heads, rounds x S]: the original position of every sorted slot
   gather = lambda x: jnp.take_along_axis(x, pos[..., None], axis=2)
@@ -150,9 +156,10 @@ class LSHAttention(Block):
     s = x.shape[1]
     qk, v = (heads_first(projection(c, name)(x)) for name in ("query_key", "value"))
     r = rotations(self, s, layer_index) if s > c.lsh_attn_chunk_length else None
+    given = self.get_variable(BUCKETS, "buckets")  # None unless the caller passes that collection in
     ctx, buckets = lsh_attention(qk, v, mask, r, bucket_factors(c, s), c.lsh_attn_chunk_length,
                                  c.lsh_num_chunks_before, c.lsh_num_chunks_after, c.causal,
-                                 probs_dropout(self, dropout_rate(c, c.lsh_attention_dropout)))
+                                 probs_dropout(self, dropout_rate(c, c.lsh_attention_dropout)), given)
     if buckets is not None:
       self.sow("intermediates", "buckets", buckets)
     return block_output(self, x, ctx, head_gates)
@@ -184,5 +191,5 @@ class LSH(Chunked):
     if seq_len <= c.lsh_attn_chunk_length:
       return 2 * 3 * c.hidden_size * inner + 2 * 2 * seq_len * inner
     keys = c.lsh_attn_chunk_length * (1 + c.lsh_num_chunks_before + c.lsh_num_chunks_after)
-    rotation = 2 * inner * c.num_hashes * sum(bucket_factors(c, seq_len)) // 2
+    rotation = 2 * inner * c.num_hashes * (sum(bucket_factors(c, seq_len)) // 2)  # [head_dim] x [rounds x rot / 2]
     return 2 * 3 * c.hidden_size * inner + rotation + c.num_hashes * 2 * 2 * keys * inner

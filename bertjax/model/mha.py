@@ -164,6 +164,8 @@ class MHA(AttentionKind):
   computes_rows = True  # the xla implementation computes only the queries asked for (Encoder.split_stack)
 
   def check(self, m):
+    check(not m.causal, "model.causal=True masks later keys in the local and lsh attention kinds only; "
+          f"model.attention_kind={m.attention_kind} attends both ways: set --config.model.causal=False")
     check(m.local_window >= 0 and m.global_every >= 1,
           f"model.local_window={m.local_window} must be >= 0 and model.global_every={m.global_every} >= 1")
     if m.layer_types:
