@@ -11,7 +11,7 @@ import pytest
 from flax import linen as nn
 
 from bertjax.core.errors import UserError
-from bertjax.model import axial, config as model_config, layer_kinds  # noqa: F401  (the kinds register)
+from bertjax.model import axial, config as model_config, layer_kinds, reversible  # noqa: F401  (the kinds register)
 from bertjax.model.encoder import Encoder
 from bertjax.model.hparams import EncoderConfig
 from bertjax.model.pretrain import Pretrainer
@@ -123,3 +123,25 @@ def test_parameter_counts_equal_transformers(variant, count):
   # under torch.device("meta") in the spec sheet (mobilebert_reformer.md, section 3.6).
   shapes = build.param_shapes(load_config(f"configs/reformer.py:{variant}"))
   assert sum(x.size for x in jax.tree.leaves(shapes)) == count
+
+
+@pytest.mark.slow  # LSH's compile (12 s on the shared machine); the normal tier keeps the dense case above
+def test_reversible_lsh_reuses_its_buckets_and_gives_plain_autodiff_gradients(monkeypatch):
+  # Rotations drawn from the dropout keys (no hash_seed), dropout on: the backward pass hands every LSH layer the
+  # buckets its forward pass hashed (the lsh_buckets collection), as transformers reuses its cached buckets.
+  c = dataclasses.replace(TINY, attention_kind="lsh", lsh_attn_chunk_length=8, num_hashes=2, num_buckets=(4,),
+                          max_positions=32, chunk_size_feed_forward=0)
+  x, groups = jax.random.normal(jax.random.key(3), (B, 32, 32)), jnp.ones((B, 32), jnp.int32)
+  rngs = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
+  params = nn.unbox(jax.jit(Encoder(c, False).init)(rngs, x, groups)["params"])
+  captured = []
+  sown = reversible._sown_buckets
+  monkeypatch.setattr(reversible, "_sown_buckets", lambda s: captured.append(sown(s)) or captured[-1])
+  loss = lambda p, cfg: jnp.sum(Encoder(cfg, False).apply({"params": p}, x, groups,
+                                                          rngs={"dropout": jax.random.key(2)}) ** 2)
+  g_rev = jax.jit(jax.grad(lambda p: loss(p, c)))(params)
+  kept = [b["self"]["buckets"].shape for b in captured if "self" in b]  # (the helper also sees inner scopes)
+  assert kept == [(B, 2, 2, 32)] * 2  # both layers' buckets kept for the backward pass
+  g_plain = jax.jit(jax.grad(lambda p: loss(p, dataclasses.replace(c, reversible=False))))(params)
+  rel = jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b)), g_rev, g_plain))
+  assert max(rel) < 1e-5

@@ -6,8 +6,9 @@ pass keeps only the last layer's two streams, so the activations kept for the ba
 
 F and G are flax blocks called as `block(x, mask, positions, layer_index)`; the recomputation calls them with the
 same dropout keys (one per layer and block, folded from the stack's key) and the same attention-kind inputs, so
-it repeats the forward pass exactly (LSH attention draws its rotations from the same key, hence the same buckets
-up to the reconstruction's rounding). The streams are float32 whatever the compute dtype: the reconstruction
+it repeats the forward pass exactly: LSH attention draws its rotations from the same key, and gets the buckets its
+forward pass hashed (kept, small integers, and passed in through bertjax.model.lsh's `lsh_buckets` collection, as
+transformers' backward pass reuses its cached buckets), so a reconstruction's rounding cannot flip one. The streams are float32 whatever the compute dtype: the reconstruction
 subtracts, and bf16 streams lose the gradient (the spec sheet's pitfall 6).
 
 `model.reversible=False` runs the same layers, the same parameters and the same keys under plain autodiff (with
@@ -24,7 +25,7 @@ import numpy as np
 from flax import linen as nn
 
 from bertjax.core import sharding as sh
-from bertjax.model import kinds
+from bertjax.model import kinds, lsh
 from bertjax.model.dropout import token_dropout
 from bertjax.model.hparams import REMAT_POLICIES
 from bertjax.model.layers import Block, layer_norm
@@ -45,12 +46,17 @@ def reversible(fns, params, x1, x2, aux):
 
 
 def _reversible_fwd(fns, params, x1, x2, aux):
-  y1, y2 = forward(fns, params, x1, x2, aux)
-  return (y1, y2), (params, y1, y2, aux)  # no per-layer activations: only the last outputs
+  buckets = []
+  for (f, g), p, a in zip(fns, params, aux):  # `forward`, keeping each layer's LSH buckets (small integers)
+    y, bk = f(p, x2, a, capture=True)
+    x1 = x1 + y
+    x2 = x2 + g(p, x1, a)
+    buckets.append(bk)
+  return (x1, x2), (params, x1, x2, aux, tuple(buckets))  # no per-layer activations: the last outputs, buckets
 
 
 def _reversible_bwd(fns, residuals, cotangents):
-  params, y1, y2, aux = residuals
+  params, y1, y2, aux, buckets = residuals
   dy1, dy2 = cotangents
   grads = [None] * len(fns)
   for i in reversed(range(len(fns))):
@@ -59,7 +65,7 @@ def _reversible_bwd(fns, residuals, cotangents):
     x2 = y2 - gy  # this layer's input X2
     dp_g, dy1_g = g_vjp(dy2)
     dy1 = dy1 + dy1_g  # Y1 reaches the output directly and through G
-    fx, f_vjp = jax.vjp(lambda p_, x: f(p_, x, a), p, x2)
+    fx, f_vjp = jax.vjp(lambda p_, x: f(p_, x, a, buckets=buckets[i]), p, x2)  # the forward pass's buckets
     x1 = y1 - fx  # this layer's input X1
     dp_f, dx2_f = f_vjp(dy1)
     grads[i] = jax.tree.map(jnp.add, dp_f, dp_g)
@@ -82,14 +88,20 @@ def pure(block, c, deterministic: bool, index, typed_key: bool):
   """Block class `block` as a pure function (params, x, (mask, positions, key, layer index)) -> float32, of layer
   `index` (a Python int: attention kinds may pick a layer's kind statically), or None: the index its aux holds."""
 
-  def fn(params, x, aux):
+  def fn(params, x, aux, buckets=None, capture=False):
+    """`buckets`: what an LSH block hashed in the forward pass, passed in instead of hashed again (transformers'
+    reversible backward pass reuses its cached buckets); `capture`: returns (output, those buckets) too."""
     mask, positions, key, traced_index = aux
     rngs = {}
     if not deterministic:
       rngs = {"dropout": jax.random.wrap_key_data(key) if typed_key else key}
-    y = block(c, deterministic, parent=None).apply({"params": params}, x.astype(c.dtype), mask, positions,
-                                                   traced_index if index is None else index, rngs=rngs)
-    return y.astype(jnp.float32)
+    variables = {"params": params, **({lsh.BUCKETS: buckets} if buckets else {})}
+    module = block(c, deterministic, parent=None)
+    args = (x.astype(c.dtype), mask, positions, traced_index if index is None else index)
+    if not capture:
+      return module.apply(variables, *args, rngs=rngs).astype(jnp.float32)
+    y, state = module.apply(variables, *args, rngs=rngs, mutable=["intermediates"])
+    return y.astype(jnp.float32), _sown_buckets(state.get("intermediates", {}))
 
   return fn
 
@@ -151,7 +163,20 @@ def stack_of(layer_module, f_block, g_block):
 
 def _split(fn, which: int, name: str):
   """A block function of one layer reading its own part of the layer's parameters and of its aux pair."""
-  return lambda p, x, a: fn(p[name], x, a[which])
+  return lambda p, x, a, **kw: fn(p[name], x, a[which], **kw)
+
+
+def _sown_buckets(sown: dict) -> dict:
+  """The `buckets` an LSH block sowed, as the lsh_buckets collection takes them ({} when the block is no LSH)."""
+  out = {}
+  for name, value in sown.items():
+    if isinstance(value, dict):
+      inner = _sown_buckets(value)
+      if inner:
+        out[name] = inner
+    elif name == "buckets":
+      out[name] = value[0]
+  return out
 
 
 def plain(fns, params, x1, x2, aux, remat: str, scanned_fns=None):
