@@ -32,6 +32,7 @@ OVERRIDES = {
     ("bertjax.train", None, "configs/structbert.py:tiny"): ({}, SHORT_RUN),
     ("bertjax.train", None, "configs/modernbert.py:tiny"): ({}, SHORT_RUN),
     ("bertjax.train", None, "configs/lite.py:tiny"): ({}, SHORT_RUN),
+    ("bertjax.train", None, "configs/reformer.py:tiny"): ({}, SHORT_RUN),
     # The toy CoNLL file (task_data) is 150 sentences: a SentencePiece vocabulary that small text can fill.
     ("bertjax.train", None, "configs/ernie.py:tiny"): ({}, SHORT_RUN + ("--config.model.vocab_size=400",)),
     ("bertjax.train", None, "configs/wklm.py:tiny"): ({}, SHORT_RUN + ("--config.model.vocab_size=400",)),

@@ -154,6 +154,12 @@ def defaults() -> ml_collections.ConfigDict:
       embedding_transformation=False,  # embeddings: E (3E) -> H before H-wide position/type tables and the norm
       mlm_extra_output=False,  # MLM head: H -> H transform, decoder [word embeddings^T; extra output weights]
       pooler_activation=True,  # sentence head: tanh pooler over [CLS]; False: [CLS]'s state (HF classifier_activation)
+      reversible=True,  # layer=reformer (docs/models.md, Reformer): custom-VJP reversible stack; False: autodiff, model.remat
+      chunk_size_feed_forward=0,  # layer=reformer: FFN over chunks of this many positions (0: all at once)
+      axial_pos_shape=(),  # position=axial: (d1, d2) with d1 x d2 = the training seq_len
+      axial_pos_embds_dim=(),  # position=axial: widths (e1, e2) of its two tables, summing to the embedding width
+      axial_norm_std=1.0,  # position=axial: std of its normal init
+      mlm_decoder="tied",  # tied (BERT: transform, word embeddings^T) | untied (Reformer: Linear(2H -> V) + bias)
       # Tree Transformer (attention_kind=constituent; docs/models.md): the neighbour scores' divisor (256: the
       # authors' code, whatever the width; 0: the hidden width), and whether C x softmax rows are renormalized.
       constituent_scale=256.0,

@@ -1,12 +1,12 @@
 """HF config.json <-> bertjax run config, per family (bert, roberta, albert, electra, distilbert; modernbert in
-hf.modernbert, mobilebert in hf.mobilebert)."""
+hf.modernbert, mobilebert in hf.mobilebert, reformer in hf.reformer)."""
 
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
-from bertjax.hf import mobilebert, modernbert
+from bertjax.hf import mobilebert, modernbert, reformer
 from bertjax.model import config as model_config, kinds
 
-FAMILIES = ("bert", "roberta", "albert", "electra", "modernbert", "distilbert", "mobilebert", "xlnet")
+FAMILIES = ("bert", "roberta", "albert", "electra", "modernbert", "distilbert", "mobilebert", "xlnet", "reformer")
 # HF hidden_act -> bertjax model.activation (gelu_pytorch_tanh is the same tanh approximation).
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new"}
 HF_ACTIVATION = {"gelu": "gelu", "gelu_new": "gelu_new"}
@@ -32,6 +32,8 @@ def model_section(hf: dict, family: str) -> dict:
     return modernbert.model_section(hf)
   if family == "mobilebert":
     return mobilebert.model_section(hf)
+  if family == "reformer":
+    return reformer.model_section(hf)
   if family == "distilbert":
     return distilbert_model_section(hf)
   act = hf.get("hidden_act", DEFAULT_HF_ACTIVATION.get(family, "gelu"))
@@ -114,6 +116,10 @@ def from_hf(hf: dict, family: str, heads: set, generator: dict | None = None):
     c.optimizer.name = "lamb"
   if family == "modernbert":  # configs/modernbert.py's data and masking (packed rows restart RoPE positions)
     c.data.format, c.masking.mask_prob = "packed", 0.30
+  if family == "reformer":  # configs/reformer.py's: axial positions train at exactly d1 x d2, unpacked
+    c.data.format = "single"
+    if c.model.position == "axial":
+      c.seq_len = c.model.axial_pos_shape[0] * c.model.axial_pos_shape[1]
   return c
 
 
@@ -150,6 +156,8 @@ def to_hf(config, family: str, architecture: str, special, generator: bool = Fal
     return modernbert.to_hf(config, enc, architecture, special)
   if family == "mobilebert":
     return mobilebert.to_hf(config, enc, architecture, special)
+  if family == "reformer":
+    return reformer.to_hf(enc, special.pad)
   if enc.activation not in HF_ACTIVATION:
     raise UserError(f"model.activation={enc.activation!r} has no HF name")
   if m.sharing in ("attention", "ffn"):

@@ -19,7 +19,7 @@ import numpy as np
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
 from bertjax.data.tokenizer import SentencePieceTokenizer, SpecialIds, Tokenizer, WordPieceTokenizer
-from bertjax.hf import configs, mobilebert as MOB, modernbert as MB, safetensors_io, tokenizers as hf_tokenizers, weights as W
+from bertjax.hf import configs, mobilebert as MOB, modernbert as MB, reformer as RF, safetensors_io, tokenizers as hf_tokenizers, weights as W
 from bertjax.hf import xlnet as XL
 from bertjax.model import config as model_config
 from bertjax.train import build
@@ -153,6 +153,10 @@ def read_hf(hf_dir: str, generator_dir: str = "", seed: int = 0) -> Imported:
   enc = model_config.encoder_config(config.model)
   if family == "albert" and enc.embedding_size == enc.hidden_size:
     _albert_identity(tensors, prefix, enc.hidden_size)
+  if family == "reformer":  # its own weight map, both ways (bertjax.hf.reformer)
+    params = RF.params_from_hf(tensors, enc)
+    unused = sorted(set(tensors) - set(RF.params_to_hf(params, enc)))
+    return Imported(config, params, _tokenizer(hf_dir, config), family, [], unused, None)
   if family == "modernbert":
     entries = MB.body(prefix, enc.num_layers, enc.use_bias) + (MB.mlm_head(enc.use_bias) if "mlm" in heads else [])
   elif family == "distilbert":  # no segment embeddings; layers under transformer.layer.{i}
@@ -206,12 +210,17 @@ def read_hf(hf_dir: str, generator_dir: str = "", seed: int = 0) -> Imported:
   # (a fused Wqkv is used through its q, k, v thirds, the "NAME:q" names of MB.split_qkv)
   unused = sorted(n for n in tensors if n not in used and not n.endswith(_TIED) and ":" not in n
                   and n + ":q" not in used)
-  tok = None
-  if hf_tokenizers.has_tokenizer(hf_dir):
-    tok = hf_tokenizers.from_dir(hf_dir)
-    if tok.vocab_size > config.model.vocab_size:
-      raise UserError(f"the tokenizer has {tok.vocab_size} ids but the model only {config.model.vocab_size}")
-  return Imported(config, params, tok, family, fresh, unused, pooler)
+  return Imported(config, params, _tokenizer(hf_dir, config), family, fresh, unused, pooler)
+
+
+def _tokenizer(hf_dir: str, config):
+  """The checkpoint's tokenizer (None without one); one with more ids than the model is a UserError."""
+  if not hf_tokenizers.has_tokenizer(hf_dir):
+    return None
+  tok = hf_tokenizers.from_dir(hf_dir)
+  if tok.vocab_size > config.model.vocab_size:
+    raise UserError(f"the tokenizer has {tok.vocab_size} ids but the model only {config.model.vocab_size}")
+  return tok
 
 
 def read_xlnet(hf_dir: str, hf: dict, seed: int = 0) -> Imported:
@@ -308,6 +317,9 @@ def _network(config, params, family: str, generator: bool, special: SpecialIds, 
   kept beside the Pretrainer params) is written under the base model's name when no sentence head holds one."""
   # StructBERT's 3-way sentence head has no HF class: the network exports as *ForMaskedLM.
   sentence = "sentence" in params and not generator and "sso" not in config_lib.active_objectives(config)
+  if family == "reformer":  # ReformerForMaskedLM, or ReformerModelWithLMHead when causal (bertjax.hf.reformer)
+    enc = configs.model_config.encoder_config(config.model)
+    return configs.to_hf(config, family, "", special), RF.params_to_hf(params, enc)
   if family == "electra":
     arch = "ElectraForMaskedLM" if generator else "ElectraForPreTraining"
   else:

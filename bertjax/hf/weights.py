@@ -42,13 +42,13 @@ MLM_HEADS = {
 MLM_HEADS["distilbert"] = (("mlm/transform", "vocab_transform"), ("mlm/ln", "vocab_layer_norm"))
 MLM_BIAS = {"bert": "cls.predictions.bias", "roberta": "lm_head.bias", "albert": "predictions.bias",
             "electra": "generator_lm_head.bias", "distilbert": "vocab_projector.bias", "modernbert": "decoder.bias",
-            "mobilebert": "cls.predictions.bias"}
+            "mobilebert": "cls.predictions.bias", "reformer": "lm_head.bias"}
 SENTENCE_CLASSIFIER = {"bert": "cls.seq_relationship", "albert": "sop_classifier.classifier",
                        "mobilebert": "cls.seq_relationship"}
 RTD_HEAD = (("rtd/transform", "discriminator_predictions.dense"), ("rtd/logit", "discriminator_predictions.dense_prediction"))
 PREFIX = {"bert": "bert.", "roberta": "roberta.", "albert": "albert.", "electra": "electra.",
           "distilbert": "distilbert.", "modernbert": "model.",
-          "mobilebert": "mobilebert."}  # ModernBERT's and MobileBERT's own maps: bertjax.hf.modernbert, .mobilebert
+          "mobilebert": "mobilebert.", "reformer": "reformer."}  # own maps: bertjax.hf.modernbert, .mobilebert, .reformer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,6 +36,9 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       constituent_renormalize=m.constituent_renormalize,
       complex_positions=m.complex_positions, tree_max_horiz=m.get("tree_max_horiz", 100),
       tree_max_vert=m.get("tree_max_vert", 1024), tree_vertical=m.get("tree_vertical", "depth"),
+      reversible=m.reversible, chunk_size_feed_forward=m.chunk_size_feed_forward,
+      axial_pos_shape=tuple(m.axial_pos_shape), axial_pos_embds_dim=tuple(m.axial_pos_embds_dim),
+      axial_norm_std=m.axial_norm_std, mlm_decoder=m.mlm_decoder,
       attn_layers=config_lib.names_list(m.attn_layers), causal=m.causal,
       local_attn_chunk_length=m.local_attn_chunk_length, local_num_chunks_before=m.local_num_chunks_before,
       local_num_chunks_after=m.local_num_chunks_after, local_attention_dropout=m.local_attention_dropout,
@@ -98,6 +101,7 @@ def validate(config):
   check(m.num_hidden_groups >= 1 and m.num_layers % m.num_hidden_groups == 0,
         f"model.num_hidden_groups={m.num_hidden_groups} must divide model.num_layers={m.num_layers}")
   _validate_kinds(m)
+  kinds.check_run(config)
 
 
 def _validate_kinds(m):
@@ -107,6 +111,7 @@ def _validate_kinds(m):
   check(not m.attn_layers or m.attention_kind == "per_layer", f"model.attn_layers={m.attn_layers!r} names each "
         "layer's attention kind for model.attention_kind=per_layer only; set it, or clear attn_layers")
   check(m.init in ("bert", "modernbert"), f"model.init={m.init!r}; use bert or modernbert")
+  check(m.mlm_decoder in ("tied", "untied"), f"model.mlm_decoder={m.mlm_decoder!r}; use tied or untied")
   check(not m.trigram_input or m.embedding_transformation,
         "model.trigram_input=True concatenates 3 embeddings that only the embeddings' projection maps to H; "
         "set model.embedding_transformation=True")

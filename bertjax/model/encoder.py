@@ -17,8 +17,8 @@ from flax import linen as nn
 
 from bertjax.core import sharding as sh
 from bertjax.model import kinds, layer_kinds  # noqa: F401  (layer_kinds: the built-in kinds register)
-from bertjax.model.hparams import EncoderConfig, layers_per_iteration, QUANT_RANGES, REMAT_POLICIES
-from bertjax.model.layer import layers_per_step, per_step, scan_unit, shared_blocks, stacked_init
+from bertjax.model.hparams import QUANT_RANGES
+from bertjax.model.layer import per_step, remat, scan_layers, shared_blocks, stacked_init  # noqa: F401  (remat: callers' import)
 from bertjax.model.layers import Block, dense, rows_at
 
 
@@ -37,8 +37,8 @@ class Encoder(Block):
     layer = remat(kinds.of(c, "layer").module, c)  # the layer kind's flax module (bert: bertjax.model.layer.Layer)
     if outputs_at is not None and self.last_layer_at():
       out = self.split_stack(layer, carry, mask, shared, head_gates, positions, outputs_at)
-    else:
-      out, _ = scan_layers(layer, c, c.num_layers)(c, self.deterministic, name="layers")(
+    else:  # the layer kind's stack (bert: `layer` under nn.scan; reformer: bertjax.model.reversible)
+      out, _ = kinds.of(c, "layer").stack(c, layer)(c, self.deterministic, name="layers")(
           carry, per_step(c, jnp.arange(c.num_layers)), mask, shared, per_step(c, head_gates), positions)
       if outputs_at is not None:
         out = jax.tree.map(lambda h: rows_at(h, outputs_at), out[0]), None
@@ -62,7 +62,8 @@ class Encoder(Block):
     when no pass needs every layer's full output (init, sown intermediates, quantizers' ranges or intercepted
     matmuls)."""
     c = self.cfg
-    return (kinds.of(c, "attention").computes_rows and c.attention == "xla" and not c.quantizable
+    return (kinds.of(c, "attention").computes_rows and kinds.of(c, "layer").scanned and c.attention == "xla"
+            and not c.quantizable
             and not self.is_initializing() and not self.is_mutable_collection("intermediates")
             and QUANT_RANGES not in self.variables)
 
@@ -84,24 +85,3 @@ class Encoder(Block):
     out, _ = layer(c, self.deterministic, parent=None).apply(
         {"params": last}, carry, jnp.int32(n - 1), mask, shared, gates[1], positions, at, rngs=rngs())
     return out
-
-
-def remat(layer, c: EncoderConfig):
-  """The layer module under the config's remat policy (as it is under `none`)."""
-  if REMAT_POLICIES[c.remat] is None and c.remat != "full":
-    return layer
-  return nn.remat(layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
-
-
-def scan_layers(layer, c: EncoderConfig, length: int, broadcast: int = 0):
-  """`length` layers under nn.scan (`layers_per_step` a step): params stacked, dropout split, `broadcast` shared."""
-  return nn.scan(
-      scan_unit(c, layer),
-      variable_axes={"params": 0, "intermediates": 0, QUANT_RANGES: 0},
-      split_rngs={"params": True, "dropout": True},
-      in_axes=(0, nn.broadcast, nn.broadcast, 0, nn.broadcast) + (nn.broadcast,) * broadcast,
-      length=length // layers_per_step(c),
-      metadata_params={nn.PARTITION_NAME: sh.LAYERS},
-      unroll=min(layers_per_iteration(c), length // layers_per_step(c)),
-  )
-

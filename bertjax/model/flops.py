@@ -24,7 +24,9 @@ def encoder_forward_flops(c: EncoderConfig, seq_len: int) -> float:
 
 def mlm_head_forward_flops(c: EncoderConfig, seq_len: int, max_predictions: int) -> float:
   """The MLM head on `max_predictions` positions: transform H -> E and decoder E -> V (MobileBERT's extra output
-  weights: H -> H and H -> V)."""
+  weights: H -> H and H -> V; the Reformer's untied decoder: 2H -> V, no transform)."""
+  if c.mlm_decoder == "untied":
+    return 2 * 2 * c.hidden_size * c.vocab_size * max_predictions / seq_len
   width = c.hidden_size if c.mlm_extra_output else c.embedding_size
   per_position = 2 * (c.hidden_size * width + width * c.vocab_size)
   return per_position * max_predictions / seq_len

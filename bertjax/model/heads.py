@@ -26,15 +26,21 @@ class MLMHead(nn.Module):
   """BERT's MLM transform (dense H->E, GELU, LayerNorm in E; ModernBertPredictionHead is the same, without
   biases), decoded through the tied word embeddings plus an output bias. With mlm_extra_output (MobileBERT's
   head) the transform keeps width H (LayerNorm in H, a true LayerNorm whatever the encoder's norm kind) and the
-  decoder is [word embeddings^T; extra_output], extra_output [H - E, V] (HF cls.predictions.dense.weight)."""
+  decoder is [word embeddings^T; extra_output], extra_output [H - E, V] (HF cls.predictions.dense.weight).
+  With mlm_decoder=untied (the Reformer's ReformerOnlyLMHead) there is no transform: an untied `decoder` (with its
+  bias) reads the encoder's output as it is (2H wide after a reversible stack), and `bias` is transformers'
+  lm_head.bias, which its forward pass does not read (kept so that counts and exports match)."""
 
   cfg: EncoderConfig
 
   @nn.compact
   def __call__(self, hidden, positions, embeddings):
     c = self.cfg
-    width = c.hidden_size if c.mlm_extra_output else c.embedding_size
     x = gather_positions(hidden, positions)
+    if c.mlm_decoder == "untied":
+      self.param("bias", zeros_init((sh.VOCAB,)), (c.vocab_size,))
+      return dense(c, x.shape[-1], c.vocab_size, (sh.EMBED, sh.VOCAB), "decoder")(x).astype(jnp.float32)
+    width = c.hidden_size if c.mlm_extra_output else c.embedding_size
     x = dense(c, c.hidden_size, width, (sh.EMBED, None), "transform", c.use_bias, out=True)(x)
     x = layer_norm(c, "ln", names=(None,))(activation(c, x)).astype(c.dtype)
     bias = self.param("bias", zeros_init((sh.VOCAB,)), (c.vocab_size,))  # kept without use_bias (ModernBERT's decoder_bias)

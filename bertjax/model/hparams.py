@@ -124,6 +124,13 @@ class EncoderConfig:
   embedding_transformation: bool = False  # E (3E) -> H inside the embeddings; position/type tables H wide
   mlm_extra_output: bool = False  # MLM transform H -> H, decoder [word embeddings^T; extra [H - E, V]]
   pooler_activation: bool = True  # the sentence head's tanh pooler; False: [CLS]'s state as it is
+  # Reformer-class options (docs/models.md, Reformer; configs/reformer.py); the defaults change nothing.
+  reversible: bool = True  # layer=reformer: the stack's custom VJP recomputes inputs; False: plain autodiff (remat)
+  chunk_size_feed_forward: int = 0  # layer=reformer: FFN over chunks of this many positions (0: at once)
+  axial_pos_shape: tuple = ()  # position=axial: (d1, d2), position p -> (p // d2, p % d2)
+  axial_pos_embds_dim: tuple = ()  # position=axial: (e1, e2) widths of the two tables, e1 + e2 = E
+  axial_norm_std: float = 1.0  # position=axial: std of the tables' normal init (transformers' axial_norm_std)
+  mlm_decoder: str = "tied"  # tied (word embeddings^T after the transform) | untied (Reformer: Linear(2H -> V))
 
   @property
   def projects_in_encoder(self) -> bool:

@@ -7,10 +7,10 @@ the config checks ask the kind, and never test its name. Which config key select
 | family      | EncoderConfig / model key | built-in kinds (module)                         |
 |-------------|---------------------------|-------------------------------------------------|
 | `attention` | `attention_kind`          | `mha` (bertjax.model.mha), `lsra` (.lsra), `constituent` (.constituent), `complex_order` (.complex_order), `local` (.chunked), `lsh` (.lsh), `per_layer` (.per_layer), `tree` (.tree_attention) |
-| `position`  | `position`                | `learned`, `rope` (bertjax.model.positions), `complex_order` (.complex_order) |
-| `norm`      | `norm`                    | `post`, `pre` (bertjax.model.norms), `nonorm` (.nonorm) |
+| `position`  | `position`                | `learned`, `rope` (bertjax.model.positions), `complex_order` (.complex_order), `axial` (.axial) |
+| `norm`      | `norm`                    | `post`, `pre` (bertjax.model.norms), `nonorm` (.nonorm), `reversible` (.reformer) |
 | `ffn`       | `ffn`                     | `mlp`, `geglu` (bertjax.model.ffn)              |
-| `layer`     | `layer`                   | `bert`, `mobilebert` (bertjax.model.layer_kinds), `xlnet` (.xlnet_models) |
+| `layer`     | `layer`                   | `bert`, `mobilebert`, `reformer` (bertjax.model.layer_kinds), `xlnet` (.xlnet_models) |
 
 What a kind of each family answers is written in its base class below; docs/layout.md shows how to add one
 (and tests/test_kinds.py registers a toy kind from outside the package and trains it).
@@ -31,6 +31,10 @@ class Kind:
 
   def check(self, m) -> None:
     """Checks the model section's values this kind reads; raises UserError with the fix."""
+
+  def check_run(self, config) -> None:
+    """Checks what this kind demands of the rest of the run config (axial positions: the training lengths and
+    the data format); raises UserError with the fix. Default: nothing."""
 
   def family(self, m) -> str | None:
     """The transformers family of this kind for the model section `m`: `hf_family` (a kind made of other kinds,
@@ -80,6 +84,12 @@ def check(m) -> None:
   """Checks that every family's key names a registered kind, then each kind's own checks (model section)."""
   for kind in chosen(m).values():
     kind.check(m)
+
+
+def check_run(config) -> None:
+  """Each chosen kind's demands on the whole run config (Kind.check_run)."""
+  for kind in chosen(config.model).values():
+    kind.check_run(config)
 
 
 def hf_family(m) -> str | None:

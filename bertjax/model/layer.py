@@ -17,7 +17,7 @@ from bertjax.model import ffn as ffn_lib
 from bertjax.model import kinds, lsra, mha, norms, positions as position_kinds  # noqa: F401  (built-in kinds register on import)
 from bertjax.model import complex_order, constituent, tree_attention  # noqa: F401  (ICLR-2020 variants: docs/models.md)
 from bertjax.model import chunked, lsh, per_layer  # noqa: F401  (Reformer's attentions: docs/models.md)
-from bertjax.model.hparams import EncoderConfig
+from bertjax.model.hparams import EncoderConfig, layers_per_iteration, QUANT_RANGES, REMAT_POLICIES
 from bertjax.model.layers import Block, rows_at
 
 BLOCK_NAMES = ("attention", "ffn")  # a layer's blocks, in order; the names of their parameter scopes
@@ -126,3 +126,23 @@ def stacked_init(c: EncoderConfig, name: str, n: int):
                         is_leaf=lambda b: isinstance(b, nn.Partitioned))
 
   return init
+
+
+def remat(layer, c: EncoderConfig):
+  """The layer module under the config's remat policy (as it is under `none`)."""
+  if REMAT_POLICIES[c.remat] is None and c.remat != "full":
+    return layer
+  return nn.remat(layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
+
+
+def scan_layers(layer, c: EncoderConfig, length: int, broadcast: int = 0):
+  """`length` layers under nn.scan (`layers_per_step` a step): params stacked, dropout split, `broadcast` shared."""
+  return nn.scan(
+      scan_unit(c, layer),
+      variable_axes={"params": 0, "intermediates": 0, QUANT_RANGES: 0},
+      split_rngs={"params": True, "dropout": True},
+      in_axes=(0, nn.broadcast, nn.broadcast, 0, nn.broadcast) + (nn.broadcast,) * broadcast,
+      length=length // layers_per_step(c),
+      metadata_params={nn.PARTITION_NAME: sh.LAYERS},
+      unroll=min(layers_per_iteration(c), length // layers_per_step(c)),
+  )

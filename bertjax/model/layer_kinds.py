@@ -4,20 +4,32 @@ every built-in kind of every family (bertjax.model.layer imports the attention, 
 - `bert`: the BERT layer (bertjax.model.layer.Layer): the attention kind's block, then the FFN block, with the norm
   kind placing residuals and norms; ALBERT's sharing.
 - `mobilebert`: MobileBERT's bottleneck block (bertjax.model.mobilebert).
+- `reformer`: the Reformer's reversible layer over two streams (bertjax.model.reformer), stacked under one custom
+  VJP (bertjax.model.reversible).
 
 A layer kind answers the flax module the encoder scans (`module`, called as Layer is: carry, layer index, the
 attention kind's mask, shared blocks, head gates, position tables, query positions; it returns (carry, None)),
-its forward FLOPs (`forward_flops`), and its config checks.
+its forward FLOPs (`forward_flops`), and its config checks. `stack` gives the flax module of the whole stack (every
+built-in kind but reformer: `module` under nn.scan with stacked parameters, `scanned`; bertjax.model.reversible's
+stack runs its layers under one custom VJP instead).
 """
 
 from bertjax.core.config import check
-from bertjax.model import kinds, layer, mobilebert, nonorm  # noqa: F401  (each registers its kinds)
+from bertjax.model import axial, kinds, layer, mobilebert, nonorm, reformer, reversible  # noqa: F401  (each registers its kinds)
+from bertjax.model import layer as layer_lib
 
 
 class LayerKind(kinds.Kind):
   """The interface."""
 
   module = None  # the flax module of one layer
+  scanned = True  # the stack is `module` under nn.scan (Encoder.split_stack may then run it in two parts)
+
+  def stack(self, c, layer):
+    """The flax module class of the whole layer stack, built as `cls(c, deterministic, name="layers")` and called
+    as nn.scan's (carry, layer indices, mask, shared, head gates, position tables) -> (carry, None); `layer`:
+    `module` under the remat policy."""
+    return layer_lib.scan_layers(layer, c, c.num_layers)
 
   def forward_flops(self, c, seq_len: int, index: int) -> float:
     """Forward matmul FLOPs per token of layer `index`."""
@@ -56,3 +68,21 @@ class MobileBert(LayerKind):
 
   def forward_flops(self, c, seq_len, index):
     return mobilebert.forward_flops(c, seq_len)
+
+
+@kinds.register("layer", "reformer")
+class Reformer(LayerKind):
+  """The Reformer's layer over two streams, in a reversible stack (model.reversible) that ends in the norm of both."""
+
+  module = reformer.ReformerLayer
+  scanned = False
+  hf_family = "reformer"
+
+  def stack(self, c, layer):
+    return reversible.stack_of(reformer.ReformerLayer, reformer.ReformerAttention, reformer.ReformerFeedForward)
+
+  def check(self, m):
+    reformer.check_model(m)
+
+  def forward_flops(self, c, seq_len, index):
+    return reformer.forward_flops(c, seq_len, index)

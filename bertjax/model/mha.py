@@ -156,6 +156,12 @@ class AttentionKind(kinds.Kind):
     alike), or a per-layer pattern's period (bertjax.model.per_layer)."""
     return 1
 
+  def layer_kind(self, c, index: int, mask):
+    """(the config, the mask) that layer `index` (a Python int) runs its attention with, for a stack that runs its
+    layers one by one (bertjax.model.reversible): the layer's block is then that config's kind's. Default: (c, mask)
+    (every layer is this kind); a per-layer pattern answers the layer's kind's."""
+    return c, mask
+
   def scan_unit(self, c, layer):
     """The module one step of the layer scan runs, from the layer kind's module `layer`: itself when
     layers_per_step is 1."""

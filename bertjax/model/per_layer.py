@@ -94,6 +94,10 @@ class PerLayer(mha.AttentionKind):
   def layers_per_step(self, c) -> int:
     return period(c)
 
+  def layer_kind(self, c, index, mask):
+    name = pattern(c)[index]
+    return slot_config(c, name), mask[name]
+
   def scan_unit(self, c, layer):
     return type("LayerGroup", (LayerGroup,), {"layer": layer})
 
