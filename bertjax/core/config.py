@@ -120,12 +120,9 @@ def defaults() -> ml_collections.ConfigDict:
       attn_layers="",  # attention_kind=per_layer: each layer's attention kind, "local,lsh" (repeated over the layers)
       causal=False,  # local, lsh: a query reads no later key (transformers' is_decoder)
       local_attn_chunk_length=64,  # local: tokens per chunk
-      local_num_chunks_before=1,  # local: neighbouring chunks a query also reads (circularly), before its own
-      local_num_chunks_after=0,  # ... and after it
+      local_num_chunks_before=1, local_num_chunks_after=0,  # local: neighbouring chunks read (circularly) before/after
       local_attention_dropout=-1.0,  # local: dropout of the attention probabilities; < 0: model.attention_dropout
-      lsh_attn_chunk_length=64,  # lsh: tokens per chunk of the bucket-sorted row
-      lsh_num_chunks_before=1,
-      lsh_num_chunks_after=0,
+      lsh_attn_chunk_length=64, lsh_num_chunks_before=1, lsh_num_chunks_after=0,  # lsh: the same, in sorted rows
       lsh_attention_dropout=-1.0,  # lsh: < 0: model.attention_dropout
       num_hashes=1,  # lsh: hash rounds, combined by their logsumexp
       num_buckets="",  # lsh: "64" or factors "8,16"; "": transformers' 2^floor(log2(2 seq_len / chunk)) rule
@@ -156,9 +153,9 @@ def defaults() -> ml_collections.ConfigDict:
       pooler_activation=True,  # sentence head: tanh pooler over [CLS]; False: [CLS]'s state (HF classifier_activation)
       reversible=True,  # layer=reformer (docs/models.md, Reformer): custom-VJP reversible stack; False: autodiff, model.remat
       chunk_size_feed_forward=0,  # layer=reformer: FFN over chunks of this many positions (0: all at once)
-      axial_pos_shape=(),  # position=axial: (d1, d2) with d1 x d2 = the training seq_len
-      axial_pos_embds_dim=(),  # position=axial: widths (e1, e2) of its two tables, summing to the embedding width
-      axial_norm_std=1.0,  # position=axial: std of its normal init
+      # position=axial: (d1, d2) with d1 x d2 = the training seq_len, widths (e1, e2) of its two tables (summing to
+      # the embedding width), the std of their normal init.
+      axial_pos_shape=(), axial_pos_embds_dim=(), axial_norm_std=1.0,
       mlm_decoder="tied",  # tied (BERT: transform, word embeddings^T) | untied (Reformer: Linear(2H -> V) + bias)
       # Tree Transformer (attention_kind=constituent; docs/models.md): the neighbour scores' divisor (256: the
       # authors' code, whatever the width; 0: the hidden width), and whether C x softmax rows are renormalized.
@@ -391,41 +388,6 @@ def _validate_phases(config):
 # Keys added after runs had been saved without them whose default is not what such a run ran under: the value it
 # did run under (the code's behaviour before the key existed), from the saved section. A key missing from this
 # table reads with its default, which then is the old behaviour.
-PREDATED = {
-    # 7e491a3 (optimizer.bias_correction): before it, adamw was optax's (bias-corrected) and lamb was ALBERT's
-    # (uncorrected); today's default (True) would turn an old LAMB run into NVIDIA's.
-    ("optimizer", "bias_correction"): lambda section: section.get("name", "adamw") != "lamb",
-    # 7e491a3 (optimizer.decay_mask): before it, every optimizer left biases and LayerNorm undecayed.
-    ("optimizer", "decay_mask"): lambda section: "bert",
-}
-
-
-def predated(saved: dict) -> dict:
-  """{(section, key): value} for each PREDATED key a saved config (a workdir's config.json) lacks: the value
-  the run it holds ran under."""
-  return {(section, key): value(saved[section]) for (section, key), value in PREDATED.items()
-          if isinstance(saved.get(section), dict) and key not in saved[section]}
-
-
-def from_saved(saved: dict) -> ml_collections.ConfigDict:
-  """A saved config (a workdir's config.json) over today's defaults, so that a run saved before a key
-  existed reads with that key's default, or, for a key whose default differs from what such a run ran under
-  (PREDATED), with the value it ran under."""
-
-  def merge(base: ml_collections.ConfigDict, values: dict):
-    for key, value in values.items():
-      if isinstance(value, dict) and isinstance(base.get(key), ml_collections.ConfigDict):
-        merge(base[key], value)
-      else:
-        base[key] = value
-    return base
-
-  config = merge(defaults(), saved)
-  for (section, key), value in predated(saved).items():
-    config[section][key] = value
-  return config
-
-
 def load(spec: str) -> ml_collections.ConfigDict:
   """A config from "path/to/file.py:arg", as --config=... names it (for tests and notebooks)."""
   import importlib.util

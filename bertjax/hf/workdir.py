@@ -9,7 +9,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax.core import config as config_lib
+from bertjax.core import saved as saved_config
 from bertjax.core.errors import UserError
 from bertjax.hf import tokenizers as hf_tokenizers
 from bertjax.hf.convert import Imported
@@ -63,7 +63,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   with open(path) as f:
     saved = json.load(f)
   # Over today's defaults, so that a run saved before a key existed still loads (with the default).
-  return config_lib.from_saved(saved)
+  return saved_config.from_saved(saved)
 
 
 def load(workdir: str, with_tokenizer: bool = True):

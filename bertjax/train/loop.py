@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax.core import config as config_lib, runtime, sharding, supervisor
+from bertjax.core import config as config_lib, runtime, saved as saved_config, sharding, supervisor
 from bertjax.core.errors import RestartableError, UserError
 from bertjax.core.metrics import finalize, sum_metrics
 from bertjax.data import instances, pipeline
@@ -99,7 +99,7 @@ def _comparable(config_dict: dict) -> dict:
 
 def resumed_config(config, workdir: str):
   """`config`, or, where the workdir holds a run of it saved before some of its keys existed, `config` with
-  those keys at the values that run ran under (config.PREDATED: e.g. an old LAMB run kept ALBERT's uncorrected
+  those keys at the values that run ran under (core.saved.PREDATED: e.g. an old LAMB run kept ALBERT's uncorrected
   Adam after optimizer.bias_correction came with another default), so the run resumes as it ran, with a note.
   A run that differs in anything else is left to check_workdir to refuse or replace."""
   path = os.path.join(workdir, "config.json")
@@ -107,13 +107,13 @@ def resumed_config(config, workdir: str):
     return config
   with open(path) as f:
     saved = json.load(f)
-  old = config_lib.predated(saved)
+  old = saved_config.predated(saved)
   if not old:
     return config
   adopted = config.copy_and_resolve_references()
   for (section, key), value in old.items():
     adopted[section][key] = value
-  if _comparable(json.loads(adopted.to_json())) != _comparable(json.loads(config_lib.from_saved(saved).to_json())):
+  if _comparable(json.loads(adopted.to_json())) != _comparable(json.loads(saved_config.from_saved(saved).to_json())):
     return config
   for (section, key), value in old.items():
     if config[section][key] != value and jax.process_index() == 0:
@@ -136,7 +136,7 @@ def check_workdir(config, workdir: str) -> bool:
   if not os.path.exists(path):
     return False
   # The saved config over today's defaults: a key added since the run was saved takes its default.
-  theirs = json.loads(config_lib.from_saved(json.load(open(path))).to_json())
+  theirs = json.loads(saved_config.from_saved(json.load(open(path))).to_json())
   mine, theirs = _comparable(json.loads(config.to_json())), _comparable(theirs)
   if theirs == mine:
     return False

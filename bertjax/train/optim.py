@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.core import config as config_lib
+from bertjax.core import config as config_lib, saved as saved_config
 from bertjax.core.config import check
 from bertjax.model.layer import is_stacked
 
@@ -117,12 +117,12 @@ def validate(config):
 
 
 def _bias_correction(o) -> bool:
-  # A section written before the switch existed: the rule it ran (adamw corrected, lamb not; config.PREDATED).
-  return o.get("bias_correction", config_lib.PREDATED[("optimizer", "bias_correction")](o))
+  # A section written before the switch existed: the rule it ran (adamw corrected, lamb not; saved.PREDATED).
+  return o.get("bias_correction", saved_config.PREDATED[("optimizer", "bias_correction")](o))
 
 
 def _decay_kind(o) -> str:
-  return o.get("decay_mask", config_lib.PREDATED[("optimizer", "decay_mask")](o))
+  return o.get("decay_mask", saved_config.PREDATED[("optimizer", "decay_mask")](o))
 
 
 def decay_mask(params):
