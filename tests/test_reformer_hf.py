@@ -84,7 +84,6 @@ def test_import_gives_transformers_logits_and_export_loads_strictly(cls, causal,
         again(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy(), want)
 
 
-@pytest.mark.slow
 def test_twenty_adamw_steps_follow_transformers(tmp_path):
   torch.manual_seed(0)
   model = ReformerForMaskedLM(_hf_config(False)).train()

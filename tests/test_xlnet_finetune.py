@@ -59,7 +59,6 @@ def sentiment_task(tmp_path, n_train=400, n_eval=100):
   return task
 
 
-@pytest.mark.slow  # compiles XLNet's fine-tuning step and trains 100 steps (~30 s of CPU)
 def test_sst2_from_an_imported_xlnet_learns_and_matches_transformers(tmp_path):
   hf_dir, task = xlnet_dir(tmp_path), sentiment_task(tmp_path)
   config = load_config("configs/finetune.py:sst2")
@@ -105,7 +104,6 @@ def test_finetuning_steps_match_transformers_xlnet_for_sequence_classification()
   import functools
 
   import jax.numpy as jnp
-  import ml_collections
 
   import torch_reference as ref
   from bertjax.finetune.classification.model import XLNetClassifier

@@ -73,7 +73,6 @@ def stream(config, tokens=4 * 400):
   return plm.Stream(rows, tokens, 32)
 
 
-@pytest.mark.slow  # one compile of XLNet's train step and 20 torch steps: ~30 s of CPU
 def test_training_steps_match_transformers_xlnet_lm_head_model():
   config = parity_config()
   build.validate(config)
