@@ -55,7 +55,8 @@ def base_config(args):
   c.model.vocab_size, c.model.dtype, c.seed = args.vocab, "float32", args.seed
   c.batch_size, c.seq_len, c.total_steps = args.batch_size, args.seq_len, args.steps
   c.warmup_steps, c.warmup_fraction, c.learning_rate = -1, 0.1, args.lr
-  c.data.source, c.data.split_paragraphs, c.data.format = f"text:{args.corpus}", True, "packed"
+  source = args.corpus if args.corpus == "demo" else f"text:{args.corpus}"  # demo: Python's docs (the smoke test)
+  c.data.source, c.data.split_paragraphs, c.data.format = source, True, "packed"
   c.data.tokenizer_model, c.data.tokenizer_sentences, c.data.eval_fraction = "bpe", 300_000, 0.02
   c.data.dupe_factor = 1
   return c
@@ -112,6 +113,30 @@ def match_width(config, target: int, multiple: int = 32):
   return c
 
 
+def corpus_head(pattern: str, megabytes: float, work_dir: str) -> str:
+  """A file under work_dir holding the first `megabytes` of the corpus files (sorted), cut at a document boundary
+  (a blank line): the steps read far less text than a whole shard file holds, and preparing it costs minutes."""
+  import glob
+  import zlib
+
+  out = os.path.join(work_dir, f"corpus-{zlib.crc32(pattern.encode()):08x}-{megabytes:g}mb.txt")
+  if not os.path.isfile(out):
+    limit, parts, size = int(megabytes * 2 ** 20), [], 0
+    for path in sorted(glob.glob(pattern)):
+      with open(path, encoding="utf-8") as f:
+        for document in f.read().split("\n\n"):
+          parts.append(document.strip("\n"))
+          size += len(parts[-1]) + 2
+          if size >= limit:
+            break
+      if size >= limit:
+        break
+    with open(out + ".tmp", "w", encoding="utf-8") as f:
+      f.write("\n\n".join(parts) + "\n")
+    os.replace(out + ".tmp", out)
+  return out
+
+
 def run(args) -> dict:
   """Trains every method `args.steps` steps in turn on the same batches; the table's rows."""
   import jax
@@ -162,14 +187,16 @@ def run(args) -> dict:
 def main():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--methods", default=",".join(METHODS), help=f"of {', '.join(METHODS)}")
-  p.add_argument("--corpus", default=os.path.join(REPO, "..", "shared", "data", "pretrain", "wiki-00.txt"))
+  p.add_argument("--corpus", default=os.path.join(REPO, "..", "shared", "data", "pretrain", "wiki-00.txt"),
+                 help="text files (GLOB), or demo (Python's own docs)")
+  p.add_argument("--corpus_mb", type=float, default=4.0, help="read the first N MB of whole documents (0: all)")
   p.add_argument("--work_dir", default="/tmp/bertjax-variants")
-  p.add_argument("--layers", type=int, default=4)
+  p.add_argument("--layers", type=int, default=2)
   p.add_argument("--hidden", type=int, default=128)
   p.add_argument("--vocab", type=int, default=8000)
   p.add_argument("--seq_len", type=int, default=128)
-  p.add_argument("--batch_size", type=int, default=16)
-  p.add_argument("--steps", type=int, default=300)
+  p.add_argument("--batch_size", type=int, default=8)
+  p.add_argument("--steps", type=int, default=200)
   p.add_argument("--lr", type=float, default=1e-3)
   p.add_argument("--eval_batches", type=int, default=16)
   p.add_argument("--seed", type=int, default=0)
@@ -180,9 +207,11 @@ def main():
   runtime.setup()
   import glob
 
-  if not glob.glob(args.corpus):
+  if args.corpus != "demo" and not glob.glob(args.corpus):
     sys.exit(f"error: no corpus files match {args.corpus!r}; pass --corpus=GLOB (see ../shared/data/MANIFEST.md)")
   os.makedirs(args.work_dir, exist_ok=True)
+  if args.corpus != "demo" and args.corpus_mb > 0:
+    args.corpus = corpus_head(args.corpus, args.corpus_mb, args.work_dir)
   t0 = time.time()
   rows = run(args)
   print(f"\n{args.layers} layers x {args.hidden}, batch {args.batch_size} x {args.seq_len}, {args.steps} steps, "
