@@ -1,7 +1,7 @@
 """Encoder variants at equal parameters and equal steps on real text (issue #48): eval MLM loss and CPU step time
 of BERT, ModernBERT, the Tree Transformer, complex-order embeddings and the Lite Transformer's LSRA.
 
-  python benchmarks/variants.py                                  # ~15 min on 2 shared cores
+  python benchmarks/variants.py          # 34 min on 2 cores under load average 16-23 (compiles: ~10 of them)
   python benchmarks/variants.py --steps=1000 --layers=4 --hidden=256 --json=/tmp/variants.json
   python benchmarks/variants.py --methods=bert,tree --steps=20   # a subset, quickly
 
@@ -9,7 +9,7 @@ Each method is its preset's model section (METHODS: one line a method, a config 
 it on the shared rows) at `--layers` x `--hidden` (heads of 64), with its feed-forward width chosen so that its
 encoder (every parameter but the embeddings and the MLM head) has as many parameters as BERT's (4H MLP): the
 widths and both counts are printed. The run is the same for all: the shared text (`--corpus`, default
-../shared/data/pretrain/wiki-00.txt) prepared once into packed rows of `--seq_len` with a BPE vocabulary of
+../shared/data/pretrain/wiki-00.txt, its first `--corpus_mb` MB of whole documents) prepared once into packed rows of `--seq_len` with a BPE vocabulary of
 `--vocab` (benchmarks/modern_encoder.py's `prepared`, `python -m bertjax.data.prepare`'s code path), BERT's MLM
 (15%, 80/10/10, no NSP), AdamW at `--lr` with 10% warmup and linear decay, clipping 1.0, dropout 0, float32,
 `--steps` steps of the same batches, one seed (`--seed`: one run, no spread). Eval: MLM loss on the same held-out
