@@ -99,10 +99,12 @@ def encoder_params(config) -> tuple:
   return size(shapes), size(shapes["encoder"])
 
 
-def match_width(config, target: int, multiple: int = 32):
-  """`config` with the feed-forward width (a multiple of `multiple`) whose encoder parameter count is closest to
-  `target`: the count is linear in the width, so two counts give the line."""
+def match_width(config, target: int, multiple: int = 0):
+  """`config` with the feed-forward width (a multiple of `multiple`, default a quarter of the hidden size, 32 at
+  128) whose encoder parameter count is closest to `target`: the count is linear in the width, so two counts give
+  the line."""
   c = config.copy_and_resolve_references()
+  multiple = multiple or max(8, c.model.hidden_size // 4)
   counts = {}
   for width in (multiple, 2 * multiple):
     c.model.intermediate_size = width

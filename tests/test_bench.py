@@ -47,7 +47,7 @@ def test_bench_cli_prints_one_json_object():
   assert result["mfu"] == pytest.approx(result["tokens_per_sec"] * expected / result["peak_flops"])
 
 
-@pytest.mark.slow  # five models compiled at tiny sizes: ~1-2 min on 2 cores
+@pytest.mark.slow  # five models compiled at tiny sizes: 112 s on 2 cores under load average 9
 def test_variants_benchmark_reports_every_method_at_equal_encoder_parameters(tmp_path):
   """benchmarks/variants.py at a tiny size on Python's docs: one row per method with a finite eval MLM loss and a
   step time, each encoder within a few percent of BERT's parameters (its FFN width chosen to match)."""
