@@ -28,7 +28,6 @@ METHODS = tuple(exit_rules.RULES)
 STUDENT = 128  # FastBERT's classifier width (cla_hidden_size) and its 2 attention heads
 STUDENT_HEADS = 2
 TOKEN_HEADS = ("fastbert", "depth")  # heads that read every token of a layer, not only [CLS]
-POOLINGS = ("cls", "mean")  # what a pooled head (every method's but FastBERT's student) reads of a layer
 
 
 class HiddenLayer(Layer):
@@ -141,7 +140,7 @@ class EarlyExitClassifier(nn.Module):
   method: str = "pabee"
   classifier_dropout: float = 0.1
   deterministic: bool = True
-  pooling: str = "cls"  # what the pooled heads read: cls | mean (POOLINGS)
+  pooling: str = "cls"  # what the pooled heads (every method's but FastBERT's students) read: cls | mean
 
   @property
   def keeps_tokens(self) -> bool:
