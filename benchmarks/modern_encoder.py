@@ -299,8 +299,9 @@ def part_b(config, data, args) -> dict:
               ratio=statistics.median(torch_times) / statistics.median(jax_times))
 
 
-def learning_curve(config, data, args, name: str) -> dict:
-  """Trains `config` for config.total_steps, evaluating every eval_every steps on the first eval batches."""
+def trainee(config, data, eval_batches: int) -> tuple:
+  """(steps, fresh state, the first `eval_batches` eval batches, parameter count, train FLOPs per token) of
+  `config` on one device: bertjax.train.build's jitted steps, as the pretraining loop builds them."""
   import jax
 
   from bertjax.core import sharding
@@ -310,25 +311,37 @@ def learning_curve(config, data, args, name: str) -> dict:
 
   steps = build.make_steps(config, sharding.make_mesh("dp", devices=jax.devices()[:1]), data.tokenizer.special)
   state = steps.init(jax.random.key(config.seed))
-  evals = list(pipeline.eval_batches(data.eval, config.batch_size))[:args.eval_batches]
+  evals = list(pipeline.eval_batches(data.eval, config.batch_size))[:eval_batches]
   n_params = sum(x.size for x in jax.tree.leaves(state.params))
   fpt = flops.model_train_flops_per_token(steps.model, config.seq_len, steps.cfg.masking.max_predictions,
                                           steps.cfg.masking.max_shuffled)
+  return steps, state, evals, n_params, fpt
 
-  def evaluate():
-    sums = None
-    for i, e in enumerate(evals):
-      m = jax.device_get(steps.eval(state.params, e, i))
-      sums = m if sums is None else jax.tree.map(np.add, sums, m)
-    return float(sums["mlm_loss"].compute()), float(sums["mlm_accuracy"].compute())
 
+def eval_mlm(steps, params, evals) -> tuple:
+  """(MLM loss, MLM accuracy) over `evals`, each batch masked by its index (the same masks for every model whose
+  masking config is the same)."""
+  import jax
+
+  sums = None
+  for i, e in enumerate(evals):
+    m = jax.device_get(steps.eval(params, e, i))
+    sums = m if sums is None else jax.tree.map(np.add, sums, m)
+  return float(sums["mlm_loss"].compute()), float(sums["mlm_accuracy"].compute())
+
+
+def learning_curve(config, data, args, name: str) -> dict:
+  """Trains `config` for config.total_steps, evaluating every eval_every steps on the first eval batches."""
+  from bertjax.data import pipeline
+
+  steps, state, evals, n_params, fpt = trainee(config, data, args.eval_batches)
   curve = dict(step=[], mlm_loss=[], mlm_accuracy=[], params=n_params, flops_per_token=fpt, seconds=0.0)
   print(f"{name}: {n_params:,} parameters, {fpt / 1e6:.1f} MFLOPs/token (train)", flush=True)
   t0 = time.time()
   for t in range(config.total_steps):
     state, _ = steps.train(state, pipeline.batch_at(data.train, t, config.batch_size, config.seed))
     if (t + 1) % args.eval_every == 0 or t == 0:
-      loss, acc = evaluate()
+      loss, acc = eval_mlm(steps, state.params, evals)
       for k, v in (("step", t + 1), ("mlm_loss", loss), ("mlm_accuracy", acc)):
         curve[k].append(v)
       print(f"  {name} step {t + 1:>5}: eval MLM loss {loss:.4f} (15% masking), accuracy {acc:.4f}", flush=True)

@@ -123,7 +123,8 @@ def get_config(arg: str = "sst2"):
       # ModernBertForSequenceClassification) | distilbert (dense, ReLU, dropout, linear:
       # DistilBertForSequenceClassification) | auto: the checkpoint family's (those four), else pooler
       pooling="auto",  # modernbert head: auto (the checkpoint config.json's classifier_pooling, else cls) | cls (the
-      # first token) | mean (of the real tokens): HF's classifier_pooling; cls or mean given here wins
+      # first token) | mean (of the real tokens): HF's classifier_pooling; cls or mean given here wins. Also what
+      # the early-exit heads pool (docs/early_exit.md; not FastBERT's students)
       dtype="float32",  # compute dtype: float32 | bfloat16
       # int8: quantization-aware fine-tuning and int8 evaluation of the encoder's matmuls (qwix: per-channel
       # weights, dynamic per-token activations); q8bert: Zafrir et al. 2019 (per-tensor weights, EMA activation

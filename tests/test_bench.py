@@ -47,6 +47,26 @@ def test_bench_cli_prints_one_json_object():
   assert result["mfu"] == pytest.approx(result["tokens_per_sec"] * expected / result["peak_flops"])
 
 
+@pytest.mark.slow  # five models compiled at tiny sizes: 112 s on 2 cores under load average 9
+def test_variants_benchmark_reports_every_method_at_equal_encoder_parameters(tmp_path):
+  """benchmarks/variants.py at a tiny size on Python's docs: one row per method with a finite eval MLM loss and a
+  step time, each encoder within a few percent of BERT's parameters (its FFN width chosen to match)."""
+  out = tmp_path / "variants.json"
+  cmd = [sys.executable, "benchmarks/variants.py", "--corpus=demo", f"--work_dir={tmp_path}", "--layers=2",
+         "--hidden=64", "--vocab=500", "--seq_len=32", "--batch_size=2", "--steps=2", "--eval_batches=1",
+         f"--json={out}"]
+  proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+                        timeout=900)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = json.load(open(out))["rows"]
+  assert list(rows) == ["bert", "modernbert", "tree", "complex_order", "lsra"]
+  bert = rows["bert"]["encoder_params"]
+  for name, r in rows.items():
+    assert abs(r["encoder_params"] - bert) / bert < 0.05, (name, r["encoder_params"], bert)
+    assert np.isfinite(r["eval_mlm_loss"]) and r["eval_mlm_loss"] > 0 and r["step_seconds"] > 0, (name, r)
+  assert "eval MLM loss" in proc.stdout
+
+
 def test_synthetic_batch_is_a_valid_pair_batch():
   config = micro("configs/bert.py:tiny")
   batch = bench.synthetic_batch(config, 8)

@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from bertjax.core import sharding as sh
+from bertjax.core.errors import UserError
 from bertjax.finetune import tasks, train
 from bertjax.finetune.classification import early_exit as ee, early_exit_task as eet, exit_rules
 from bertjax.model import config as model_config
@@ -62,12 +64,12 @@ def test_depth_rule_and_oracle():
 
 
 @pytest.mark.slow  # ~12 s a method on the shared CPU (compiles): the normal tier keeps the rules' unit tests
-@pytest.mark.parametrize("method", ee.METHODS)
-def test_while_loop_matches_every_layer_and_stops(method):
+@pytest.mark.parametrize("method,pooling", [(m, "cls") for m in ee.METHODS] + [("pabee", "mean")])
+def test_while_loop_matches_every_layer_and_stops(method, pooling):
   """The lax.while_loop path gives each example the exit layer and logits of computing every layer and applying
   the rule, and computes no layer past the batch's deepest exit."""
   cfg = model_config.encoder_config(micro("configs/bert.py:tiny", **{"model.num_layers": 4}).model)
-  model = ee.EarlyExitClassifier(cfg, 2, method)
+  model = ee.EarlyExitClassifier(cfg, 2, method, pooling=pooling)
   rng = np.random.RandomState(0)
   ids = jnp.asarray(rng.randint(5, 100, (6, 10)), jnp.int32)
   groups = jnp.ones_like(ids).at[1, 6:].set(0)
@@ -84,6 +86,39 @@ def test_while_loop_matches_every_layer_and_stops(method):
     np.testing.assert_allclose(np.asarray(logits), want_logits, rtol=1e-4, atol=1e-4)
     assert int(computed) == want_layer.max()
   assert int(loop(params, {"entropy": 9.0, "uncertainty": 9.0, "patience": 0, "depth": 0.0}[rule])[2]) == 1
+
+
+def test_mean_pooling_reads_the_real_tokens_only():
+  """A pooled head reads [CLS], or with pooling=mean the mean of the real tokens (a sentence-transformers checkpoint's
+  [CLS] carries almost nothing below its last layer: the mean is what its intermediate exits can read)."""
+  h = jnp.array([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])  # the third position is padding
+  groups = jnp.array([[1, 1, 0]])
+  np.testing.assert_allclose(ee.pooled(h, groups, "mean"), [[2.0, 3.0]])
+  np.testing.assert_allclose(ee.pooled(h, groups, "cls"), [[1.0, 2.0]])
+  np.testing.assert_allclose(ee.pooled(h[:, 0], groups, "cls"), [[1.0, 2.0]])  # only [CLS] kept
+  assert ee.EarlyExitClassifier(None, 2, "pabee", pooling="mean").keeps_tokens
+  assert not ee.EarlyExitClassifier(None, 2, "deebert").keeps_tokens
+  config = load_config("configs/finetune.py:sst2")
+  config.task.source, config.early_exit, config.model.pooling = "tsv:/nowhere", "fastbert", "mean"
+  with pytest.raises(UserError, match="fastbert"):
+    eet.validate(config)
+
+
+def test_exit_sweep_reports_each_exit_on_its_own(tmp_path):
+  """exit_sweep.json's per_layer holds every exit's own metrics: an exit stuck at the majority class shows there,
+  while the rule's mixture of exits can hide it."""
+  labels = np.array([0, 0, 0, 1])
+  outputs = np.zeros((4, 3, 2), np.float32)
+  outputs[:, 0, 0] = 5.0  # exit 1: always class 0 (the majority), confident
+  outputs[:, 1] = outputs[:, 2] = 5.0 * np.eye(2)[labels]  # exits 2 and 3: right
+  data = types.SimpleNamespace(eval={"groups": np.ones((4, 6), np.int32), "label": labels},
+                               model={"num_outputs": 2}, extra=dict(hidden=8, intermediate=16, layers=3))
+  config = load_config("configs/finetune.py:sst2")
+  config.early_exit = "pabee"
+  result = eet.evaluate(outputs, data, config, str(tmp_path))
+  sweep = json.load(open(tmp_path / "exit_sweep.json"))
+  assert [round(m["accuracy"], 4) for m in sweep["per_layer"]] == [0.75, 1.0, 1.0]
+  assert result["full_depth_accuracy"] == 1.0 and result["mean_exit_layer"] == 3.0  # patience 3 > 2 agreeing
 
 
 def test_stage_mask_freezes_what_it_does_not_train():

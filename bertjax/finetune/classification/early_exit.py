@@ -6,7 +6,9 @@ really stops: a `lax.while_loop` over the layers that ends once every example of
 layer and applies the rule afterwards: exit_rules.exit_layers); for `depth` a last channel holds q(n | x)'s
 logits over the L depths, [B, L, C + 1]. Its parameter names match the Classifier's (embeddings, encoder), so the
 backbone comes from any checkpoint; the heads live under `exits`, stacked over layers on their leading axis (the
-last entry is the final layer's head: DeeBERT's and FastBERT's main classifier / teacher).
+last entry is the final layer's head: DeeBERT's and FastBERT's main classifier / teacher). A pooled head reads [CLS]
+(`pooling="cls"`, the references') or the mean of the layer's real tokens (`"mean"`: for a checkpoint trained with
+mean pooling, such as the sentence-transformers models, whose [CLS] carries almost nothing below the last layer).
 """
 
 import jax
@@ -61,13 +63,22 @@ class ExitEncoder(Encoder):
     return hidden
 
 
-def head_features(method: str, p: dict, h, groups):
-  """One layer's exit head up to its classifier: tanh(pooler(h[CLS])) (DeeBERT: the layer's own pooler; PABEE and
-  depth: one shared pooler), or FastBERT's student: tanh(H -> 128) over every token, 2-head attention for the
-  [CLS] query over the real tokens, tanh(128 -> 128). `p`: the layer's slice of the `exits` params."""
+def pooled(h, groups, pooling: str):
+  """What a pooled head reads of a layer's output h ([B, S, H], or [B, H] when only [CLS] was kept): h[CLS], or
+  (`mean`) the mean over the real tokens (groups > 0)."""
+  if pooling == "cls":
+    return h[:, 0] if h.ndim == 3 else h
+  w = (groups > 0).astype(h.dtype)[..., None]
+  return (h * w).sum(1) / jnp.maximum(w.sum(1), 1.0)
+
+
+def head_features(method: str, p: dict, h, groups, pooling: str = "cls"):
+  """One layer's exit head up to its classifier: tanh(pooler(pooled h)) (DeeBERT: the layer's own pooler; PABEE and
+  depth: one shared pooler; `pooled` reads [CLS] or the token mean), or FastBERT's student: tanh(H -> 128) over
+  every token, 2-head attention for the [CLS] query over the real tokens, tanh(128 -> 128). `p`: the layer's slice
+  of the `exits` params."""
   if method != "fastbert":
-    cls = h[:, 0] if h.ndim == 3 else h
-    return jnp.tanh(cls @ p["pooler_kernel"] + p["pooler_bias"])
+    return jnp.tanh(pooled(h, groups, pooling) @ p["pooler_kernel"] + p["pooler_bias"])
   x = jnp.tanh(h @ p["narrow_kernel"] + p["narrow_bias"])  # [B, S, 128]
   split = lambda t: t.reshape(t.shape[:-1] + (STUDENT_HEADS, STUDENT // STUDENT_HEADS))
   q = split(x[:, 0] @ p["query"])  # [B, heads, d]
@@ -129,15 +140,21 @@ class EarlyExitClassifier(nn.Module):
   method: str = "pabee"
   classifier_dropout: float = 0.1
   deterministic: bool = True
+  pooling: str = "cls"  # what the pooled heads (every method's but FastBERT's students) read: cls | mean
+
+  @property
+  def keeps_tokens(self) -> bool:
+    """Whether the heads read every token of a layer (FastBERT's students, the depth classifier, mean pooling)."""
+    return self.method in TOKEN_HEADS or self.pooling == "mean"
 
   @nn.compact
   def __call__(self, input_ids, type_ids, groups):
     """Every layer's logits [B, L, C] (depth: [B, L, C + 1], q(n|x)'s logits in the last channel)."""
     c = self.cfg
     x = Embeddings(c, name="embeddings")(input_ids, type_ids, self.deterministic)
-    hidden = ExitEncoder(c, self.deterministic, keep_tokens=self.method in TOKEN_HEADS, name="encoder")(x, groups)
+    hidden = ExitEncoder(c, self.deterministic, keep_tokens=self.keeps_tokens, name="encoder")(x, groups)
     p = self.exit_params()
-    f = jax.vmap(lambda pj, hj: head_features(self.method, pj, hj, groups),
+    f = jax.vmap(lambda pj, hj: head_features(self.method, pj, hj, groups, self.pooling),
                  in_axes=(in_axes_of(p), 0))(p, hidden.astype(jnp.float32))
     f = nn.Dropout(self.classifier_dropout)(f, deterministic=self.deterministic)
     logits = jax.vmap(head_logits, in_axes=(in_axes_of(p), 0))(p, f).transpose(1, 0, 2)  # [B, L, C]
@@ -196,7 +213,7 @@ def exit_loop(model: EarlyExitClassifier, params: dict, input_ids, type_ids, gro
     carry, _ = layer.apply({"params": slice_j}, carry, j, mask, shared, None, positions)
     h = kinds.of(c, "norm").output(carry[0]).astype(jnp.float32)
     pj = layer_slice(exits, j)
-    logits = head_logits(pj, head_features(method, pj, h if method in TOKEN_HEADS else h[:, 0], groups))
+    logits = head_logits(pj, head_features(method, pj, h, groups, model.pooling))
     if method == "depth":
       depth = jnp.where(j == 0, depth_logits(exits, h, groups), depth)
     rule_carry, ok = exit_rules.qualifies(rule, threshold, rule_carry, logits, j, depth, delta)

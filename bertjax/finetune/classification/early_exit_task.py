@@ -52,6 +52,8 @@ def validate(config):
   _check(not config.model.quantize, "early_exit runs the float model; leave --config.model.quantize empty")
   _check(bool(task_data.label_names(config.task)) or method == "pabee",
          f"early_exit={method} needs class labels (its exit rule reads probabilities); regression runs with pabee")
+  _check(method != "fastbert" or config.model.get("pooling", "auto") in ("auto", "cls"),
+         "early_exit=fastbert's students attend over every token themselves; leave --config.model.pooling auto")
   sweep_of(config)
 
 
@@ -78,14 +80,21 @@ def prepare(config, loaded, raw=None) -> tasks.TaskData:
   data = base.prepare(config, loaded, raw)
   enc = model_config.encoder_config(loaded.config.model)
   data.extra = dict(hidden=enc.hidden_size, intermediate=enc.intermediate_size, layers=enc.num_layers)
-  data.info.update(early_exit=config.early_exit, head="early_exit", exit_threshold=threshold(config))
+  data.info.update(early_exit=config.early_exit, head="early_exit", exit_threshold=threshold(config),
+                   exit_pooling=pooling(config))
   return data
+
+
+def pooling(config) -> str:
+  """What the pooled exit heads read: --config.model.pooling (cls | mean), auto being the checkpoint's own
+  (classification.task.pooling_of: cls unless its config.json says otherwise, as the references' [CLS])."""
+  return "cls" if config.early_exit == "fastbert" else base.pooling_of(config)
 
 
 def model(config, cfg, data: tasks.TaskData, deterministic: bool) -> ee.EarlyExitClassifier:
   """The early-exit classifier over the encoder `cfg`."""
   return ee.EarlyExitClassifier(cfg, data.model["num_outputs"], config.early_exit, config.model.classifier_dropout,
-                                deterministic)
+                                deterministic, pooling(config))
 
 
 def init_params(model, rng, loaded) -> tuple[dict, list]:
@@ -195,7 +204,7 @@ def exit_report(config, outputs, data, thr: float) -> dict:
 def evaluate(outputs, data: tasks.TaskData, config, seed_dir: str) -> dict:
   """The metrics at the exits (exit.threshold), mean_exit_layer, flops_saved (share of the full model's),
   flops_saved_per_example, the full-depth model's metrics (full_depth_METRIC), over the first eval split;
-  writes the threshold sweep to seed_dir/exit_sweep.json."""
+  writes the threshold sweep and each exit's own metrics (`per_layer`) to seed_dir/exit_sweep.json."""
   split = data.eval.get("eval_split")
   if split is not None:
     outputs = outputs[split == 0]
@@ -206,9 +215,13 @@ def evaluate(outputs, data: tasks.TaskData, config, seed_dir: str) -> dict:
   result.update({f"full_depth_{k}": v for k, v in task_metrics.compute(names, outputs[:, -1, :c], labels).items()})
   sweep = [dict(threshold=t, **exit_report(config, outputs, data, t))
            for t in sweep_of(config, data.extra["layers"])]
+  # Each exit's own metrics, every example leaving there: an exit that learned nothing (the majority class) shows
+  # here, where the sweep only shows the rule's mixture of exits.
+  per_layer = [task_metrics.compute(names, outputs[:, j, :c], labels) for j in range(outputs.shape[1])]
   with open(os.path.join(seed_dir, "exit_sweep.json"), "w") as f:
     json.dump(dict(method=config.early_exit, rule=exit_rules.RULES[config.early_exit], sweep=sweep,
-                   full_depth={k: v for k, v in result.items() if k.startswith("full_depth_")}), f, indent=2)
+                   per_layer=per_layer, full_depth={k: v for k, v in result.items() if k.startswith("full_depth_")}),
+              f, indent=2)
   return result
 
 
@@ -221,7 +234,7 @@ def save_model(directory: str, run_config, model, params) -> None:
           for path, v in jax.tree_util.tree_leaves_with_path(params)}
   np.savez(os.path.join(directory, "exit_params.npz"), **flat)
   with open(os.path.join(directory, "early_exit.json"), "w") as f:
-    json.dump(dict(method=model.method, num_outputs=model.num_outputs), f)
+    json.dump(dict(method=model.method, num_outputs=model.num_outputs, pooling=model.pooling), f)
 
 
 def load_params(directory: str, like: dict) -> dict:
