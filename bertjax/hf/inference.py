@@ -64,9 +64,11 @@ def _encode_fn(m, ids, types, groups=None):
   return m.encode(ids, types, jnp.ones_like(ids) if groups is None else groups)
 
 
-def hidden_states(config, params, input_ids, type_ids) -> np.ndarray:
-  """Final hidden states [B, S, H] of the main encoder (Embeddings + Encoder) for unpadded inputs."""
-  return np.asarray(_apply(config, _encode_fn, params, input_ids, type_ids))
+def hidden_states(config, params, input_ids, type_ids, groups=None) -> np.ndarray:
+  """Final hidden states [B, S, H] of the main encoder (Embeddings + Encoder) for unpadded inputs, or inputs
+  padded with `groups` [B, S] (1 = real token; padding positions' states are meaningless)."""
+  more = () if groups is None else (groups,)
+  return np.asarray(_apply(config, _encode_fn, params, input_ids, type_ids, (), *more))
 
 
 def attention_probs(config, params, input_ids, type_ids, groups=None) -> np.ndarray:
