@@ -49,7 +49,7 @@ def parse(argv):
   p.add_argument("--lengths", default="128,sst2", help="128 (full rows), sst2 (real sentence lengths), or both")
   p.add_argument("--tasks", default="encode,classify")
   p.add_argument("--batch_size", type=int, default=32)
-  p.add_argument("--batches", type=int, default=4, help="batches a round (0: every sentence)")
+  p.add_argument("--batches", default="4", help="batches a round (0: every sentence), or per model: minilm=4,base=1")
   p.add_argument("--rounds", type=int, default=3)
   p.add_argument("--threads", type=int, default=0, help="cores for both sides (0: all)")
   p.add_argument("--glue_dir", default="/work/shared/data/glue", help="GLUE layout: SST-2/{train,dev}.tsv")
@@ -96,6 +96,13 @@ def model_dir(name: str, out: str) -> str:
   return path
 
 
+def rows_of(args, name: str, available: int) -> int:
+  """Rows a round for model `name`: --batches (one count, or name=count pairs; 0: every sentence) batches."""
+  spec = dict(x.split("=", 1) for x in args.batches.split(",")) if "=" in args.batches else {name: args.batches}
+  n = int(spec.get(name, 4))
+  return args.batch_size * n if n else available
+
+
 def arrays(texts: list, tok, length: str, n_rows: int) -> dict:
   """input_ids, type_ids, groups [N, 128] of `n_rows` rows: full 128-token rows of the texts' token stream
   (`length` "128") or one sentence a row (`length` "sst2")."""
@@ -120,14 +127,13 @@ def arrays(texts: list, tok, length: str, n_rows: int) -> dict:
 class Bertjax:
   """bertjax's side: the encoder through hf.inference, the classifier through finetune.train.predict."""
 
-  def __init__(self, path: str, data: dict, batch_size: int):
-    from bertjax.finetune import batches, task_models
-    from bertjax.finetune.tasks import TOKEN_FIELDS
-    from bertjax.hf import inference
-
+  def __init__(self, path: str, loaded, data: dict, batch_size: int):
     import ml_collections
 
-    self.loaded, self.task = inference.load(hf_dir=path), task_models.load(path)
+    from bertjax.finetune import batches, task_models
+    from bertjax.finetune.tasks import TOKEN_FIELDS
+
+    self.loaded, self.task = loaded, task_models.load(path)
     self.data, self.batch_size = data, batch_size
     config = ml_collections.ConfigDict(dict(seq_len=SEQ_LEN, bucket_lengths="auto"))
     self.layout = batches.layout(config, data, TOKEN_FIELDS)
@@ -225,25 +231,24 @@ def main(argv) -> dict:
   import transformers
 
   from bertjax.core import runtime
+  from bertjax.hf import inference
 
   runtime.setup()
   torch.set_num_threads(threads)
   texts = sentences(args)
-  n_rows = args.batch_size * args.batches if args.batches else len(texts)
   print(f"# bertjax (jax {jax.__version__}) vs transformers {transformers.__version__} (torch {torch.__version__}, "
-        f"default attention), {threads} threads, batch {args.batch_size}, {n_rows} rows, {args.rounds} rounds "
+        f"default attention), {threads} threads, batch {args.batch_size}, batches {args.batches}, {args.rounds} rounds "
         f"(medians); load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
   results = []
   with tempfile.TemporaryDirectory() as tmp:
     for name in args.models.split(","):
       path = model_dir(name, tmp)
+      n_rows = rows_of(args, name, len(texts))
+      loaded = inference.load(hf_dir=path)
       for length in args.lengths.split(","):
-        from bertjax.hf import inference
-
-        tok = inference.load(hf_dir=path).tokenizer
-        data = arrays(texts, tok, length, n_rows)
+        data = arrays(texts, loaded.tokenizer, length, n_rows)
         real = int(data["groups"].sum())
-        sides = dict(bertjax=Bertjax(path, data, args.batch_size), transformers=Torch(path, data, args.batch_size))
+        sides = dict(bertjax=Bertjax(path, loaded, data, args.batch_size), transformers=Torch(path, data, args.batch_size))
         for task in args.tasks.split(","):
           m = measure(sides, task, args.rounds)
           med = {k: statistics.median(v) for k, v in m["times"].items()}
