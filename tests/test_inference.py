@@ -7,7 +7,7 @@ import pytest
 from bertjax.core import sharding
 from bertjax.hf import inference
 from bertjax.train import build
-from conftest import micro
+from conftest import micro, tiny_hf_checkpoint
 
 
 @pytest.mark.parametrize("spec", ["configs/bert.py:tiny", "configs/albert.py:tiny"])  # own and shared blocks
@@ -37,3 +37,14 @@ def test_attention_probs_are_the_forward_pass_softmax(spec, monkeypatch):
     np.testing.assert_allclose(got[layer], recorded[layer], atol=1e-5, err_msg=f"layer {layer}")
   np.testing.assert_allclose(got.sum(-1), 1.0, rtol=1e-5)
   assert not np.allclose(got[0], got[1]), "layers should attend differently"
+
+
+def test_loaded_params_live_on_the_device_and_give_the_numpy_params_outputs(tmp_path):
+  """A loaded model's params are jax arrays: numpy params would be copied to the device on every call."""
+  loaded = inference.load(hf_dir=tiny_hf_checkpoint(tmp_path, ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]))
+  assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(loaded.params))
+  ids = np.array([[2, 5, 6, 3, 0], [2, 6, 3, 0, 0]], np.int32)
+  groups = (np.arange(5) < np.array([[4], [3]])).astype(np.int32)
+  on_host = jax.tree.map(np.asarray, loaded.params)
+  np.testing.assert_array_equal(inference.hidden_states(loaded.config, loaded.params, ids, 0 * ids, groups),
+                                inference.hidden_states(loaded.config, on_host, ids, 0 * ids, groups))

@@ -197,6 +197,20 @@ def layout(config, arrays: dict, token_fields, fit_to=None, buckets=None) -> Lay
   return Layout(tuple(buckets), lengths, tuple(token_fields))
 
 
+def prediction_layout(arrays: dict, batch_size: int) -> Layout:
+  """The Layout a prediction over a whole split (`eval_batches` order: rows sorted by length) runs with: every
+  field of `arrays` cut along its last axis to buckets fitted to the sorted batches' longest rows (width /
+  BUCKET_STEP of them, the arrays' width last), as fine-tuning's own evaluation cuts its batches. Padding
+  positions change no real output (padding keys get no attention), so the outputs are those of full-width
+  batches at a fraction of the positions; a predictor without it would pad every batch to seq_len."""
+  lengths = row_lengths(arrays)
+  width = np.shape(arrays["input_ids"])[-1]
+  longest = np.sort(lengths)[batch_size - 1::batch_size]
+  longest = np.append(longest, lengths.max()) if len(lengths) % batch_size else longest
+  fitted = fitted_buckets(longest, width, max(1, width // BUCKET_STEP))
+  return Layout(tuple(b for b in fitted if b < width) + (width,), lengths, tuple(arrays))
+
+
 def fixed_layout(arrays: dict) -> Layout:
   """No cutting, no grouping, the split in its own order: every batch as wide as the arrays."""
   n, width = len(arrays["input_ids"]), np.shape(arrays["input_ids"])[-1]

@@ -46,11 +46,12 @@ def _label_names(tm, ft_config) -> list:
 
 def predict(tm, examples: task_data.Examples, args, ft_config) -> dict:
   """Model outputs [N, C] of the examples, encoded as fine-tuning encoded them."""
-  from bertjax.finetune import train
+  from bertjax.finetune import batches, train
 
   seq_len = args.seq_len or (ft_config.seq_len if ft_config is not None else DEFAULT_SEQ_LEN)
   arrays = task_data.encode(examples, tm.tokenizer, seq_len)
-  outputs = train.predict(tm.params, {k: arrays[k] for k in TOKEN_FIELDS}, tm.model, args.batch_size)
+  tokens = {k: arrays[k] for k in TOKEN_FIELDS}
+  outputs = train.predict(tm.params, tokens, tm.model, args.batch_size, batches.prediction_layout(tokens, args.batch_size))
   return dict(examples=examples, outputs=np.asarray(outputs, np.float32), names=_label_names(tm, ft_config))
 
 

@@ -23,11 +23,13 @@ def read_inputs(args, ft_config) -> mc_data.Examples:
 
 def predict(tm, ex: mc_data.Examples, args, ft_config) -> dict:
   """Scores [N, C] of every (context, choice) pair, padding choices at MASKED."""
-  from bertjax.finetune import train
+  from bertjax.finetune import batches, train
 
   seq_len = args.seq_len or (ft_config.seq_len if ft_config is not None else DEFAULT_SEQ_LEN)
   arrays = mc_data.encode(ex, tm.tokenizer, seq_len)
-  out = np.asarray(train.predict(tm.params, {k: arrays[k] for k in TOKEN_FIELDS}, tm.model, args.batch_size))
+  tokens = {k: arrays[k] for k in TOKEN_FIELDS}
+  out = np.asarray(train.predict(tm.params, tokens, tm.model, args.batch_size,
+                                 batches.prediction_layout(tokens, args.batch_size)))
   return dict(examples=ex, scores=np.where(arrays["choice_mask"] > 0, out, MASKED))
 
 

@@ -60,11 +60,12 @@ def tag_sentences(s: tag_data.Sentences, tok, model, params, seq_len: int = DEFA
                   batch_size: int = 32) -> list:
   """Tags of every sentence from a fine-tuned TokenClassifier (windowed as in training, each word read from its
   max-context window)."""
-  from bertjax.finetune import train
+  from bertjax.finetune import batches, train
 
   s = tag_data.Sentences(s.words, [["O"] * len(w) for w in s.words], s.lines, s.path)
   arrays = tag_data.encode(s, tok, ["O"], seq_len, stride or max(1, (seq_len - 2) // 2), "none")
-  outputs = train.predict(params, {k: arrays[k] for k in TOKEN_FIELDS}, model, batch_size)
+  tokens = {k: arrays[k] for k in TOKEN_FIELDS}
+  outputs = train.predict(params, tokens, model, batch_size, batches.prediction_layout(tokens, batch_size), 1)
   return [[model.labels[i] for i in ids] for ids in tag_data.word_predictions(arrays, outputs.argmax(-1), s)]
 
 
