@@ -10,6 +10,8 @@ describes what a family provides; bertjax/finetune/classification/ is the refere
 
 import dataclasses
 import importlib
+import json
+import os
 
 from bertjax.core.errors import UserError
 
@@ -123,3 +125,22 @@ def get(config):
   family's `variant(config)` names (classification: the early-exit task when config.early_exit is set)."""
   fam = family(kind_of(config))
   return fam.variant(config) if fam.variant is not None else fam.task
+
+
+def jsonl_objects(path: str, shape: str):
+  """(line number, where, object) for each non-blank line of a JSONL task file (where: "PATH:LINE"); a missing file, a line that
+  is no JSON or not an object is a one-line UserError (`shape`: what an object holds, for the message)."""
+  if not os.path.isfile(path):
+    raise UserError(f"{path}:0: no such file; point --config.task.source=jsonl:DIR at the task's directory")
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      where = f"{path}:{number}"
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise UserError(f"{where}: not a JSON object ({e.msg})") from None
+      if not isinstance(row, dict):
+        raise UserError(f"{where}: expected a JSON object with {shape}")
+      yield number, where, row

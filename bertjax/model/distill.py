@@ -80,13 +80,18 @@ class Distiller(nn.Module):
     teacher = self.teacher_model.train_flops_per_token(seq_len, max_predictions) / 3.0
     return self.student_model.train_flops_per_token(seq_len, max_predictions, wso_positions) + teacher
 
-  @nn.compact
-  def __call__(self, batch):
+  def network_params(self, batch):
+    """(student params, teacher params): the two networks' parameters, initialized (at init) from `batch`'s fields."""
     dummy = {k: batch[k] for k in ("input_ids", "type_ids", "groups", "mlm_positions", "mlm_weights",
                                    "original_ids")}
     init = lambda model: (lambda rng: model.init({"params": rng, "dropout": rng, "sample": rng}, dummy)["params"])
-    student_params = self.param("student", init(self.student_model))
-    teacher_params = self.param("teacher", init(self.teacher_model))
+    student = self.param("student", init(self.student_model))
+    teacher = self.param("teacher", init(self.teacher_model))
+    return student, teacher
+
+  @nn.compact
+  def __call__(self, batch):
+    student_params, teacher_params = self.network_params(batch)
     mutable = ["intermediates"] if self.layer_outputs else False
     student = self.student_model.clone(deterministic=self.deterministic, parent=None)
     rngs = {} if self.deterministic else {"dropout": self.make_rng("dropout")}

@@ -70,11 +70,7 @@ class Transfer(Distiller):
 
   @nn.compact
   def __call__(self, batch):
-    dummy = {k: batch[k] for k in ("input_ids", "type_ids", "groups", "mlm_positions", "mlm_weights",
-                                   "original_ids")}
-    init = lambda model: (lambda rng: model.init({"params": rng, "dropout": rng, "sample": rng}, dummy)["params"])
-    student_params = self.param("student", init(self.student_model))
-    teacher_params = self.param("teacher", init(self.teacher_model))
+    student_params, teacher_params = self.network_params(batch)
     mutable = ["intermediates"] if self.layers else False
     out = self.student_model.clone(deterministic=True, parent=None).apply(
         {"params": student_params}, batch, mutable=mutable)

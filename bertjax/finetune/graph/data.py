@@ -17,12 +17,12 @@ and the others 0. `question` may be empty (rows are then `[CLS] passage [SEP]`).
 """
 
 import dataclasses
-import json
 import os
 
 import numpy as np
 
 from bertjax.core.errors import UserError
+from bertjax.finetune import tasks
 from bertjax.finetune.squad.features import answer_tokens, template
 
 NO_LABEL = -1
@@ -99,31 +99,19 @@ def _answer(row: dict, ids: list, texts: list, where: str) -> tuple:
 def read_jsonl(path: str, target: str, labels: tuple, labeled: bool = True) -> list:
   """The graphs of a JSONL file. `target`: classification (a "label" among `labels`) or span (an "answer");
   `labeled` False: targets may be absent (NO_LABEL / None)."""
-  if not os.path.isfile(path):
-    raise UserError(f"{path}:0: no such file; point --config.task.source=jsonl:DIR at the graphs' directory")
   graphs = []
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      where = f"{path}:{number}"
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise UserError(f"{where}: not a JSON object ({e.msg})") from None
-      if not isinstance(row, dict):
-        raise UserError(f"{where}: expected a JSON object with passages and links")
-      ids, texts, relevant = _passages(row, where)
-      g = Graph(str(row.get("id", number)), _text(row.get("question", ""), where, "question"), ids, texts,
-                _links(row, ids, where), relevant=relevant)
-      if target == "classification" and (labeled or row.get("label") is not None):
-        if str(row.get("label")) not in labels:
-          raise UserError(f"{where}: label {row.get('label')!r} is not one of task.labels ({', '.join(labels)})")
-        g.label = labels.index(str(row["label"]))
-      elif target == "span" and (labeled or row.get("answer") is not None):
-        g.answer = _answer(row, ids, texts, where)
-        g.relevant = [int(i == g.answer[0]) for i in range(len(ids))]  # HotpotQA: the answer passage is the node label
-      graphs.append(g)
+  for number, where, row in tasks.jsonl_objects(path, "passages and links"):
+    ids, texts, relevant = _passages(row, where)
+    g = Graph(str(row.get("id", number)), _text(row.get("question", ""), where, "question"), ids, texts,
+              _links(row, ids, where), relevant=relevant)
+    if target == "classification" and (labeled or row.get("label") is not None):
+      if str(row.get("label")) not in labels:
+        raise UserError(f"{where}: label {row.get('label')!r} is not one of task.labels ({', '.join(labels)})")
+      g.label = labels.index(str(row["label"]))
+    elif target == "span" and (labeled or row.get("answer") is not None):
+      g.answer = _answer(row, ids, texts, where)
+      g.relevant = [int(i == g.answer[0]) for i in range(len(ids))]  # HotpotQA: the answer passage is the node label
+    graphs.append(g)
   if not graphs:
     raise UserError(f"{path}:1: no graphs in the file")
   return graphs

@@ -4,12 +4,12 @@ per row with the checkpoint's template."""
 
 import csv
 import dataclasses
-import json
 import os
 
 import numpy as np
 
 from bertjax.core.errors import UserError
+from bertjax.finetune import tasks
 from bertjax.hf.tokenizers import encode_example
 
 SWAG_ENDINGS = ("ending0", "ending1", "ending2", "ending3")
@@ -71,24 +71,14 @@ def read_swag(path: str, labeled: bool = True) -> Examples:
 def read_jsonl(path: str, labeled: bool = True) -> Examples:
   """One JSON object a line: {"context", "question", "choices": [...], "label"} (question may be empty; with
   `labeled` False label may be absent, -1)."""
-  if not os.path.isfile(path):
-    raise UserError(f"{path}:0: no such file; point --config.task.source=jsonl:DIR at the directory")
   contexts, choices, labels = [], [], []
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      where = f"{path}:{number}"
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise UserError(f"{where}: not a JSON object ({e.msg})") from None
-      if not isinstance(row, dict) or not isinstance(row.get("choices"), list) or "context" not in row \
-          or len(row["choices"]) < 2:
-        raise UserError(f'{where}: expected {{"context", "question", "choices": [at least 2], "label"}}')
-      contexts.append(str(row["context"]))
-      choices.append([_join(str(row.get("question", "")), str(c)) for c in row["choices"]])
-      labels.append(_label(row.get("label"), len(row["choices"]), where, labeled))
+  shape = '{"context", "question", "choices": [at least 2], "label"}'
+  for _, where, row in tasks.jsonl_objects(path, shape):
+    if not isinstance(row.get("choices"), list) or "context" not in row or len(row["choices"]) < 2:
+      raise UserError(f"{where}: expected {shape}")
+    contexts.append(str(row["context"]))
+    choices.append([_join(str(row.get("question", "")), str(c)) for c in row["choices"]])
+    labels.append(_label(row.get("label"), len(row["choices"]), where, labeled))
   if not contexts:
     raise UserError(f"{path}:1: no examples in the file")
   return Examples(contexts, choices, np.asarray(labels, np.int32), path)
