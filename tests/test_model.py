@@ -127,7 +127,9 @@ LAST_LAYER_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(LAST_LAYER_CASES))
+# The shared-block and one-layer stacks compile the same path a second and third time: the slow tier checks them.
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in ("albert_shared", "one_layer") else c
+                                  for c in sorted(LAST_LAYER_CASES)])
 def test_a_cls_classifier_s_last_layer_computes_only_cls_and_gives_the_full_stack_s_logits_and_gradients(case):
   """A [CLS]-pooled classifier asks the encoder for its [CLS] rows only (Encoder `outputs_at`): the last layer
   then computes those queries alone (fewer FLOPs), and logits and gradients (head gates' included) equal the full
