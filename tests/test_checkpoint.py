@@ -98,6 +98,7 @@ def test_sigterm_saves_the_current_step_and_exits_0(tmp_path):
   assert saved is not None and saved >= 5
 
 
+@pytest.mark.slow  # a long compile or CLI run: the normal tier stays under 8 minutes cold
 def test_a_partial_checkpoint_is_never_picked_up(tmp_path):
   c = micro(total_steps=4, checkpoint_every=2, log_every=2, eval_every=4)
   loop.train_and_evaluate(c, str(tmp_path))
@@ -148,6 +149,7 @@ def test_manifest_names_versions_tokenizer_mesh_and_networks(tmp_path):
   assert "generator_encoder" in m["networks"]["generator"] and "rtd" in m["networks"]["discriminator"]
 
 
+@pytest.mark.slow  # a long compile or CLI run: the normal tier stays under 8 minutes cold
 def test_workdir_of_another_config_is_refused_unless_overwrite(tmp_path):
   c = micro(total_steps=2, checkpoint_every=2, log_every=2, eval_every=2)
   loop.train_and_evaluate(c, str(tmp_path))

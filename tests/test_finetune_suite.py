@@ -43,6 +43,7 @@ def _checkpoint(path):
   return str(path)
 
 
+@pytest.mark.slow  # a long compile or CLI run: the normal tier stays under 8 minutes cold
 def test_the_suite_writes_the_table_reports_a_missing_task_and_resumes(tmp_path, capsys):
   _glue_dir(tmp_path / "glue")
   base = load_config("configs/finetune.py:tiny")

@@ -97,6 +97,7 @@ def test_shared_layers_are_the_same_function():
   np.testing.assert_allclose(np.asarray(out4), np.asarray(x), atol=1e-5)
 
 
+@pytest.mark.slow  # a long compile or CLI run: the normal tier stays under 8 minutes cold
 def test_unrolled_layers_train_as_the_rolled_scan():
   """How many layers a scan iteration runs (the CPU unrolls them all: model.config.scan_unroll) changes
   neither the parameters, the dropout masks, the loss nor its gradients."""

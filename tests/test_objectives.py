@@ -60,6 +60,7 @@ def test_masked_positions_sampled_as_the_original_are_labelled_original(monkeypa
     assert (labels[b, untouched] == 0).all()
 
 
+@pytest.mark.slow  # a long compile or CLI run: the normal tier stays under 8 minutes cold
 def test_discriminator_loss_does_not_reach_the_generator_through_sampling():
   config = micro("configs/electra.py:tiny", seq_len=S)
   config.objectives.mlm = 0.0  # RTD alone: only the sampling connects it to the generator

@@ -64,6 +64,7 @@ def _equivalence(workdir, which):
   return results
 
 
+@pytest.mark.slow  # a long compile or CLI run: the normal tier stays under 8 minutes cold
 def test_fsdp_tp_matches_one_device_and_checkpoints_move_between_meshes(tmp_path):
   """BERT trained under fsdp x tensor on 8 devices follows the one-device run; its checkpoint restores under
   dp on 8 devices and on one."""
