@@ -238,7 +238,10 @@ def seed_start(config, seed: int, setup: dict) -> tuple:
   starts from the checkpoint) and a head drawn from key(seed)."""
   task = setup["task"]
   train_model = task.model(config, setup["cfg"], setup["data"], deterministic=False)
-  return train_model, task.init_params(train_model, jax.random.key(seed), setup["loaded"])[0]
+  params = task.init_params(train_model, jax.random.key(seed), setup["loaded"])[0]
+  # The step donates its params, and the checkpoint's arrays are on the device and shared by every seed (and the
+  # evaluation): each seed trains its own copy, else the next seed finds the donated buffers deleted.
+  return train_model, jax.tree.map(jnp.copy, params)
 
 
 def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
