@@ -229,12 +229,9 @@ def read_xlnet(hf_dir: str, hf: dict, seed: int = 0) -> Imported:
   the checkpoint has no LM head), `task_params` the checkpoint's own model's (bertjax.hf.xlnet.model_for)."""
   config, kind, params, _, unused = XL.read(hf, safetensors_io.read_dir(hf_dir))
   config.seed = seed
-  tok = hf_tokenizers.from_dir(hf_dir) if hf_tokenizers.has_tokenizer(hf_dir) else None
-  if tok is not None and tok.vocab_size > config.model.vocab_size:
-    raise UserError(f"the tokenizer has {tok.vocab_size} ids but the model only {config.model.vocab_size}")
   fresh = [] if kind == "lm" else ["lm_loss/bias"]
-  return Imported(config, XL.lm_params(params, config.model.vocab_size), tok, "xlnet", fresh, unused, kind=kind,
-                  task_params=params)
+  return Imported(config, XL.lm_params(params, config.model.vocab_size), _tokenizer(hf_dir, config), "xlnet", fresh,
+                  unused, kind=kind, task_params=params)
 
 
 def write_xlnet(config, params, out_dir: str, kind: str = "lm", tokenizer: Tokenizer | None = None,
