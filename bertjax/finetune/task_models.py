@@ -13,7 +13,6 @@ import os
 import shutil
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from bertjax.core.errors import UserError
@@ -178,8 +177,3 @@ def read_classifier_head(hf_dir: str) -> tuple:
     raise UserError(f"{hf_dir} lacks the task head's {missing[0]}")
   params.update(head)
   return hf, imported, tensors, params
-
-
-def to_device(params) -> dict:
-  """Imported (numpy) params as jax arrays, as a loaded task model holds them."""
-  return jax.tree.map(jnp.asarray, params)

@@ -15,6 +15,7 @@ from bertjax.finetune.task_models import TaskModel
 from bertjax.hf import convert, mobilebert as MOB, modernbert as MB, safetensors_io, tokenizers as hf_tokenizers
 from bertjax.hf import weights as W
 from bertjax.hf import workdir as wd
+from bertjax.hf.inference import on_device
 from bertjax.model import config as model_config
 
 MODEL_FILE = "classifier.json"
@@ -124,7 +125,7 @@ def read_hf(hf_dir: str) -> TaskModel:
   info.update(head=head, num_outputs=n, classifier_dropout=float(dropout), family=family,
               labels=[id2label.get(str(i), f"LABEL_{i}") for i in range(n)] if n > 1 else [])
   model = build(imported.config, info)
-  return TaskModel("classification", imported.config, model, task_models.to_device(params), imported.tokenizer, info)
+  return TaskModel("classification", imported.config, model, on_device(params), imported.tokenizer, info)
 
 
 def write_hf(task_model: TaskModel, out_dir: str) -> str:

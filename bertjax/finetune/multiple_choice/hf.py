@@ -9,6 +9,7 @@ from bertjax.finetune import task_models
 from bertjax.finetune.multiple_choice.model import MultipleChoice
 from bertjax.finetune.task_models import TaskModel
 from bertjax.hf import convert, weights as W
+from bertjax.hf.inference import on_device
 from bertjax.model import config as model_config
 
 MODEL_FILE = task_models.TASK_FILE
@@ -43,7 +44,7 @@ def read_hf(hf_dir: str) -> TaskModel:
   params["pooler"] = imported.pooler
   info = dict(labels=[], scheme="", classifier_dropout=task_models.hf_dropout(hf), family=imported.family)
   model = build(imported.config, info)
-  return TaskModel("multiple_choice", imported.config, model, task_models.to_device(params), imported.tokenizer, info)
+  return TaskModel("multiple_choice", imported.config, model, on_device(params), imported.tokenizer, info)
 
 
 def write_hf(task_model: TaskModel, out_dir: str) -> str:

@@ -10,6 +10,7 @@ from bertjax.finetune.tagging import metrics as tag_metrics
 from bertjax.finetune.tagging.model import TokenClassifier
 from bertjax.finetune.task_models import TaskModel
 from bertjax.hf import convert, weights as W
+from bertjax.hf.inference import on_device
 from bertjax.model import config as model_config
 
 MODEL_FILE = task_models.TASK_FILE
@@ -45,7 +46,7 @@ def read_hf(hf_dir: str) -> TaskModel:
   info = dict(labels=labels, scheme=tag_metrics.detect_scheme([labels]), classifier_dropout=task_models.hf_dropout(hf),
               family=imported.family)
   model = build(imported.config, info)
-  return TaskModel("tagging", imported.config, model, task_models.to_device(params), imported.tokenizer, info)
+  return TaskModel("tagging", imported.config, model, on_device(params), imported.tokenizer, info)
 
 
 def write_hf(task_model: TaskModel, out_dir: str) -> str:
