@@ -13,7 +13,6 @@ import re
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
-import sentencepiece as spm
 import tokenizers
 
 from bertjax.core.errors import UserError
@@ -22,6 +21,14 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _SPM_SPACE = "\u2581"  # how SentencePiece spells the space that begins a word
 _WORDPIECE_CONTINUATION = "##"
 SPECS = '"spm:PATH", "wordpiece:PATH", "wordpiece:PATH:cased" or "hf:DIR" (a checkpoint\'s own tokenizer)'
+
+
+def _spm():
+  """The sentencepiece package, imported where a SentencePiece model is read or trained: WordPiece and `hf:DIR`
+  tokenizers (fine-tuning a published BERT checkpoint) run where it is not installed."""
+  import sentencepiece
+
+  return sentencepiece
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +186,7 @@ class SentencePieceTokenizer(Tokenizer):
     data = _read_bytes(path, "SentencePiece model")
     self.path = path
     self.fingerprint = _fingerprint(data)
-    self._sp = spm.SentencePieceProcessor()
+    self._sp = _spm().SentencePieceProcessor()
     try:
       self._sp.LoadFromSerializedProto(data)
     except (RuntimeError, OSError) as e:
@@ -323,7 +330,7 @@ def _training_error(error: Exception, vocab_size: int) -> UserError | None:
 
 def _vocab_lines(model: bytes) -> Iterator[str]:
   """The lines of a .vocab file ("piece<TAB>score", as spm_train writes) for a serialized model."""
-  sp = spm.SentencePieceProcessor()
+  sp = _spm().SentencePieceProcessor()
   sp.LoadFromSerializedProto(model)
   for i in range(sp.get_piece_size()):
     yield f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n"
@@ -380,10 +387,10 @@ def train_sentencepiece(
   if not sample:
     raise UserError("no sentences to train SentencePiece on (all blank or longer than max_sentence_length); "
                     "check the corpus")
-  spm.set_random_generator_seed(seed)
+  _spm().set_random_generator_seed(seed)
   model = io.BytesIO()
   try:
-    spm.SentencePieceTrainer.train(
+    _spm().SentencePieceTrainer.train(
         sentence_iterator=iter(sample),
         model_writer=model,  # no model_prefix: it would be recorded in (and change) the model's bytes
         vocab_size=vocab_size,
