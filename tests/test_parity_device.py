@@ -1,0 +1,54 @@
+"""benchmarks/parity_device.py (--device of the parity benchmarks) without a GPU: cpu changes nothing, gpu stops with
+one line naming the side that has no GPU, and with both sides' GPUs faked it sets float32 arithmetic on both."""
+
+import os
+import sys
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import jax  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import parity_device  # noqa: E402
+
+
+@pytest.fixture
+def restored(monkeypatch):
+  """Whatever setup("gpu") changes is put back: the environment (monkeypatch), JAX's matmul precision, TF32."""
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "")  # records its state, so teardown restores it
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE")
+  precision = jax.config.jax_default_matmul_precision
+  tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+  yield monkeypatch
+  jax.config.update("jax_default_matmul_precision", precision)
+  torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+
+
+def test_cpu_changes_nothing(restored):
+  precision = jax.config.jax_default_matmul_precision
+  assert parity_device.setup("cpu") == "cpu"
+  assert jax.config.jax_default_matmul_precision == precision
+  assert "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ
+
+
+def test_gpu_without_one_is_a_one_line_error(restored):
+  with pytest.raises(SystemExit) as e:  # the test session's JAX runs on the CPU
+    parity_device.setup("gpu")
+  message = str(e.value)
+  assert message.startswith("error: --device=gpu but JAX runs on cpu") and "\n" not in message
+  restored.setattr(jax, "devices", lambda *a: [types.SimpleNamespace(platform="gpu")])
+  restored.setattr(torch.cuda, "is_available", lambda: False)
+  with pytest.raises(SystemExit, match="torch.cuda.is_available"):
+    parity_device.setup("gpu")
+
+
+def test_gpu_sets_float32_on_both_sides(restored):
+  restored.setattr(jax, "devices", lambda *a: [types.SimpleNamespace(platform="gpu")])
+  restored.setattr(torch.cuda, "is_available", lambda: True)
+  torch.backends.cuda.matmul.allow_tf32 = True
+  assert parity_device.setup("gpu") == "cuda"
+  assert jax.config.jax_default_matmul_precision == "highest"
+  assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+  assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
