@@ -37,9 +37,9 @@ def setup(device: str) -> str:
   except RuntimeError as e:  # JAX_PLATFORMS names a platform that has no devices here
     platform = f"no backend ({str(e).splitlines()[0]})"
   if platform != "gpu":
-    chosen = os.environ.get("JAX_PLATFORMS")
-    sys.exit(f"error: --device=gpu but JAX runs on {platform} ({f'JAX_PLATFORMS={chosen}' if chosen else 'JAX_PLATFORMS unset'}"
-             "); run on an NVIDIA GPU with jax's CUDA plugin and JAX_PLATFORMS unset, or pass --device=cpu")
+    chosen = f"JAX_PLATFORMS={os.environ['JAX_PLATFORMS']}" if os.environ.get("JAX_PLATFORMS") else "JAX_PLATFORMS unset"
+    sys.exit(f"error: --device=gpu but JAX runs on {platform} ({chosen}); run on an NVIDIA GPU with jax's CUDA plugin "
+             "and JAX_PLATFORMS unset, or pass --device=cpu")
   if not torch.cuda.is_available():
     sys.exit("error: --device=gpu but torch.cuda.is_available() is False (a CPU-only torch build or no driver); "
              "install torch with CUDA, or pass --device=cpu")

@@ -258,7 +258,8 @@ def main():
   runtime.setup()
   torch_device = parity_device.setup(args.device)
   counts = split(args, args.workdir)
-  print(f"data: {args.data} by article: first {args.train_articles} train, last {args.eval_articles} eval; questions {counts}; "
+  print(f"data: {args.data} by article: first {args.train_articles} train, last {args.eval_articles} eval; "
+        f"questions {counts}; "
         f"seq {args.seq_len} stride {args.doc_stride}; "
         f"{'paired seeds (same head and batches, own dropout)' if args.paired else 'unpaired seeds'}", flush=True)
   report = {}
