@@ -10,6 +10,8 @@
 # package's). Runs from the checkout (the repository root on PYTHONPATH), no network. About 5 minutes on an H200
 # with the pieces side by side (docs/benchmarks.md); PARITY_SERIAL=1 runs them one after another, cheapest first
 # (about 9 minutes, but each piece's printed times are then its own, free of the others' contention).
+# PARITY_ONLY="squad2 wnut17" runs only the pieces named (rte, wnut17, squad2, sst2); PARITY_SQUAD2_FLAGS="--epochs=4"
+# (PARITY_RTE_FLAGS, ...) appends flags to a piece's command, and the last of a repeated flag wins.
 set -uo pipefail
 out="${1:?usage: PARITY_DATA=DIR PARITY_CHECKPOINT=HF_DIR bash benchmarks/parity_gpu.sh OUT_DIR}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,10 +29,11 @@ work=/tmp/bertjax-parity-gpu
 common=(--device=gpu ${PARITY_CHECKPOINT:+--checkpoint="${PARITY_CHECKPOINT}"})
 
 piece() {  # NAME SCRIPT FLAGS...: one benchmark run; its exit status and time go to OUT/status.txt
-  local name=$1 script=$2 t0=$SECONDS
+  local name=$1 script=$2 t0=$SECONDS extra="PARITY_${1^^}_FLAGS"
   shift 2
+  [ -z "${PARITY_ONLY:-}" ] || [[ " ${PARITY_ONLY} " == *" ${name} "* ]] || return 0
   rm -f "${out}/${name}.json"  # a JSON in OUT is this run's
-  "${python}" -u "${root}/benchmarks/${script}" "${common[@]}" --json="${out}/${name}.json" "$@" \
+  "${python}" -u "${root}/benchmarks/${script}" "${common[@]}" --json="${out}/${name}.json" "$@" ${!extra:-} \
     >"${out}/${name}.log" 2>&1
   echo "${name}: exit $? after $((SECONDS - t0)) s" | tee -a "${out}/status.txt"
 }
@@ -69,6 +72,7 @@ fi
 echo "== summary: ${SECONDS}s in all; each piece's log and JSON in ${out}"
 missing=0
 for name in rte wnut17 squad2 sst2; do
+  [ -z "${PARITY_ONLY:-}" ] || [[ " ${PARITY_ONLY} " == *" ${name} "* ]] || continue
   echo "-- $(grep "^${name}:" "${out}/status.txt" || echo "${name}: not run")"
   grep -E "^error|Error|medians|means:|all-no-answer|time, load" "${out}/${name}.log" 2>/dev/null | tail -n 8
   [ -s "${out}/${name}.json" ] || { echo "   no result (see ${name}.log)"; missing=$((missing + 1)); }
