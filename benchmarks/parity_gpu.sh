@@ -37,9 +37,12 @@ piece() {  # NAME SCRIPT FLAGS...: one benchmark run; its exit status and time g
   [ -z "${PARITY_ONLY:-}" ] || [[ " ${PARITY_ONLY} " == *" ${name} "* ]] || return 0
   rm -f "${out}/${name}.json"  # a JSON in OUT is this run's
   local left=$((budget - SECONDS))
-  if [ "${left}" -le 0 ]; then echo "${name}: not started (PARITY_BUDGET spent)" | tee -a "${out}/status.txt"; return; fi
-  timeout -k 10 "${left}" "${python}" -u "${root}/benchmarks/${script}" "${common[@]}" --json="${out}/${name}.json" "$@" ${!extra:-} \
-    >"${out}/${name}.log" 2>&1
+  if [ "${left}" -le 0 ]; then
+    echo "${name}: not started (PARITY_BUDGET spent)" | tee -a "${out}/status.txt"
+    return
+  fi
+  timeout -k 10 "${left}" "${python}" -u "${root}/benchmarks/${script}" "${common[@]}" --json="${out}/${name}.json" \
+    "$@" ${!extra:-} >"${out}/${name}.log" 2>&1
   echo "${name}: exit $? after $((SECONDS - t0)) s" | tee -a "${out}/status.txt"
 }
 
