@@ -11,7 +11,8 @@
    384, 12 heads, FFN 1536), batch 32 at each --seq_lens, once per generator.
 Everything runs in this one process (the same XLA flags: runtime.setup's), the generators alternating in
 rounds (who goes first alternates too) so both see the same load; the load average is printed before and
-after. Medians in ms, and each generator's ratio to threefry's time. Then one JSON line.
+after. Medians in ms (the steps' wall time, and their CPU time over all threads, `cpu`, which other jobs' load
+moves less), and each generator's ratio to threefry's time. Then one JSON line.
 """
 
 import argparse
@@ -37,19 +38,22 @@ def load() -> str:
   return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def alternate(fns: dict, rounds: int, steps: int) -> dict:
-  """{name: every timed call's seconds}: `steps` calls of each fn per round, the order reversed every round."""
+def alternate(fns: dict, rounds: int, steps: int) -> tuple[dict, dict]:
+  """({name: every timed call's wall seconds}, {name: its CPU seconds, all threads}): `steps` calls of each fn
+  per round, the order reversed every round. CPU time counts only this process's work, so other jobs' load
+  moves it less than wall time."""
   for fn in fns.values():
     fn()  # compile and warm up
-  times = {name: [] for name in fns}
+  wall, cpu = {name: [] for name in fns}, {name: [] for name in fns}
   names = list(fns)
   for r in range(rounds):
     for name in names if r % 2 == 0 else names[::-1]:
       for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fns[name]()
-        times[name].append(time.perf_counter() - t0)
-  return times
+        wall[name].append(time.perf_counter() - t0)
+        cpu[name].append(time.process_time() - c0)
+  return wall, cpu
 
 
 def mask_timings(generators, rounds: int) -> dict:
@@ -69,7 +73,7 @@ def mask_timings(generators, rounds: int) -> dict:
       key = jax.random.key(0)
       fns[f"{g} mask"] = lambda f=alone: f(key).block_until_ready()
       fns[f"{g} applied"] = lambda f=applied: f(key, x).block_until_ready()
-    times = alternate(fns, rounds, 3)
+    times, _ = alternate(fns, rounds, 3)
     out[label] = {name: 1e3 * statistics.median(t) for name, t in times.items()}
   return out
 
@@ -88,8 +92,9 @@ def step_timings(generators, seq_lens, rounds: int, steps: int) -> dict:
       def run(g=g):
         jobs[g][1] = jobs[g][0].run(jobs[g][1])
       fns[g] = run
-    times = alternate(fns, rounds, steps)
-    out[f"minilm finetune 32x{seq_len}"] = {g: 1e3 * statistics.median(t) for g, t in times.items()}
+    wall, cpu = alternate(fns, rounds, steps)
+    out[f"minilm finetune 32x{seq_len}"] = {g: 1e3 * statistics.median(t) for g, t in wall.items()}
+    out[f"minilm finetune 32x{seq_len} cpu"] = {g: 1e3 * statistics.median(t) for g, t in cpu.items()}
     out[f"minilm finetune 32x{seq_len}"]["compile_s"] = {g: jobs[g][0].compile_seconds for g in generators}
   return out
 
