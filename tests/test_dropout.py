@@ -3,6 +3,9 @@ neighbours, steps and layers are uncorrelated, cut a shorter input's mask from t
 the model's Dropout uses; `auto` resolves per platform and a bad name is refused in one line."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +18,7 @@ from bertjax.core.errors import UserError
 from bertjax.model import config as model_config
 from bertjax.model.dropout import Dropout, GENERATORS, keep_mask, token_dropout
 from bertjax.model.hparams import EncoderConfig
-from conftest import load_config
+from conftest import devices, load_config, REPO
 
 SHAPE = (64, 8, 1000)  # 512k draws: a keep rate's std 4e-4, a correlation's std 1.4e-3
 
@@ -120,3 +123,28 @@ def test_dropout_rng_resolves_per_platform_and_bad_names_are_refused():
   old = {"model": {k: v for k, v in c.model.to_dict().items() if k != "dropout_rng"}}
   assert saved.from_saved(old).model.dropout_rng == "threefry"
   assert {f.name: f.default for f in dataclasses.fields(EncoderConfig)}["dropout_rng"] == "threefry"
+
+
+SHARDED = """
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from bertjax.model.dropout import GENERATORS, keep_mask
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "model"))
+shape = (4, 6, 16, 16)
+for g in GENERATORS:
+  for spec, full in ((P("data", "model"), None), (P("data", None, "model"), (4, 6, 24, 24))):
+    f = jax.jit(lambda k: keep_mask(k, shape, 0.9, full, g), out_shardings=NamedSharding(mesh, spec))
+    hlo = f.lower(jax.random.key(0)).compile().as_text()
+    assert not any(c in hlo for c in ("all-gather", "all-reduce", "collective-permute", "all-to-all")), (g, spec)
+    np.testing.assert_array_equal(np.asarray(f(jax.random.key(0))), np.asarray(keep_mask(jax.random.key(0), shape, 0.9, full, g)))
+print("ok")
+"""
+
+
+@pytest.mark.slow  # a subprocess with 4 CPU devices (~5 s)
+def test_masks_shard_like_the_activations():
+  """On a 2 x 2 mesh, a mask sharded over its leading dimensions (batch and heads, or batch and positions of a
+  bucketed input) is the unsharded mask, each device drawing its own part: no collective in the program."""
+  proc = subprocess.run([sys.executable, "-c", SHARDED], cwd=REPO, env=dict(os.environ, **devices(4)),
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
