@@ -15,6 +15,7 @@ from scipy import stats
 
 from bertjax.core import saved
 from bertjax.core.errors import UserError
+from bertjax.finetune import train as finetune_train
 from bertjax.model import config as model_config
 from bertjax.model.dropout import Dropout, GENERATORS, keep_mask, token_dropout
 from bertjax.model.hparams import EncoderConfig
@@ -120,6 +121,10 @@ def test_dropout_rng_resolves_per_platform_and_bad_names_are_refused():
     model_config.validate(c)
   assert "\n" not in str(err.value) and "model.dropout_rng='philox'" in str(err.value)
   assert "threefry, lowbias32" in str(err.value)
+  tune = load_config("configs/finetune.py:sst2")  # fine-tuning configs choose their own generator
+  tune.init.checkpoint, tune.model.dropout_rng = "unused", "philox"
+  with pytest.raises(UserError, match="model.dropout_rng='philox'; use one of auto, threefry, lowbias32"):
+    finetune_train.validate(tune)
   old = {"model": {k: v for k, v in c.model.to_dict().items() if k != "dropout_rng"}}
   assert saved.from_saved(old).model.dropout_rng == "threefry"
   assert {f.name: f.default for f in dataclasses.fields(EncoderConfig)}["dropout_rng"] == "threefry"
@@ -136,7 +141,8 @@ for g in GENERATORS:
     f = jax.jit(lambda k: keep_mask(k, shape, 0.9, full, g), out_shardings=NamedSharding(mesh, spec))
     hlo = f.lower(jax.random.key(0)).compile().as_text()
     assert not any(c in hlo for c in ("all-gather", "all-reduce", "collective-permute", "all-to-all")), (g, spec)
-    np.testing.assert_array_equal(np.asarray(f(jax.random.key(0))), np.asarray(keep_mask(jax.random.key(0), shape, 0.9, full, g)))
+    ref = keep_mask(jax.random.key(0), shape, 0.9, full, g)
+    np.testing.assert_array_equal(np.asarray(f(jax.random.key(0))), np.asarray(ref))
 print("ok")
 """
 

@@ -73,7 +73,8 @@ def load_checkpoint(init) -> inference.Loaded:
 
 def encoder_config(config, loaded: inference.Loaded):
   """The checkpoint's main encoder with the fine-tuning dropout, its masks' generator and dtype; dropout masks
-  are drawn at seq_len, so a length bucket's batch gets the fixed-length batch's masks (EncoderConfig.dropout_length)."""
+  are drawn at seq_len, so a length bucket's batch gets the fixed-length batch's masks
+  (EncoderConfig.dropout_length)."""
   enc = model_config.encoder_config(loaded.config.model)
   m = config.model
   return dataclasses.replace(

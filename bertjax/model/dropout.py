@@ -73,8 +73,8 @@ def _lowbias32(x):
 
 
 def _lowbias32_mask(k, shape, keep_prob, full_shape):
-  """One 32-bit draw per element: lowbias32(lowbias32(counter * golden + k0) ^ k1) < keep_prob * 2^32. About 14
-  integer operations an element against Threefry's ~30 (80 per hash over 4 draws, plus their interleaving),
+  """One 32-bit draw per element: lowbias32(lowbias32(counter * golden + k0) ^ k1) < keep_prob * 2^32. About 18
+  integer operations an element against Threefry's ~30 (~120 per hash over its 4 draws, plus their interleaving),
   and purely elementwise, so XLA fuses the whole draw into the op that applies the mask."""
   x = _counters(shape, full_shape) * jnp.uint32(0x9E3779B9) + k[0]  # a Weyl step spreads neighbouring counters
   bits = _lowbias32(_lowbias32(x) ^ k[1])
