@@ -116,6 +116,9 @@ def get_config(arg: str = "sst2"):
   c.model = dict(
       dropout=-1.0,
       attention_dropout=-1.0,
+      # Dropout masks' generator (bertjax.model.dropout): auto (lowbias32 on the CPU, threefry elsewhere) |
+      # threefry (the reference) | lowbias32; a property of this run, not of the checkpoint.
+      dropout_rng="auto",
       classifier_dropout=0.1,  # on the pooled [CLS] vector, before the classifier
       head="auto",  # pooler (BERT: tanh pooler, dropout, linear) | electra (dropout, dense, GELU, dropout,
       # linear: ElectraForSequenceClassification) | roberta (dropout, dense, tanh, dropout, linear on <s>:

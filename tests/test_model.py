@@ -186,24 +186,3 @@ def test_remat_and_bf16_run_and_agree():
   bf16 = encoder_only(_encoder("none", dtype=jnp.bfloat16)).apply(base, ids, jnp.ones_like(ids))
   assert bf16.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(ref), np.asarray(bf16, np.float32), atol=0.1)
-
-
-def test_dropout_keep_mask_is_bernoulli_with_independent_draws():
-  """Four 16-bit draws per threefry hash: the keep rate is keep_prob, neighbours (which share a hash) and
-  keys are independent, and a last dimension that is not a multiple of 4 works."""
-  from bertjax.model.dropout import keep_mask
-
-  mask = np.asarray(keep_mask(jax.random.key(0), (64, 8, 1000), 0.9), np.float64)
-  assert mask.shape == (64, 8, 1000)
-  assert abs(mask.mean() - 0.9) < 0.002  # 512k draws: std 4e-4
-  a, b = mask[..., :-1].ravel(), mask[..., 1:].ravel()
-  assert abs(np.corrcoef(a, b)[0, 1]) < 0.01
-  other = np.asarray(keep_mask(jax.random.key(1), (64, 8, 1000), 0.9), np.float64)
-  assert abs(np.corrcoef(mask.ravel(), other.ravel())[0, 1]) < 0.01
-  odd = np.asarray(keep_mask(jax.random.key(2), (3, 4001), 0.5))
-  assert odd.shape == (3, 4001) and abs(odd.mean() - 0.5) < 0.02
-  # Drawn for a larger full shape, the mask is that shape's mask cut to the corner (any last length).
-  full = np.asarray(keep_mask(jax.random.key(3), (2, 3, 24, 24), 0.9))
-  for shape in ((2, 3, 8, 8), (2, 3, 13, 13), (2, 3, 24, 5)):
-    corner = np.asarray(keep_mask(jax.random.key(3), shape, 0.9, full_shape=(2, 3, 24, 24)))
-    np.testing.assert_array_equal(corner, full[tuple(slice(n) for n in shape)])

@@ -94,6 +94,9 @@ def defaults() -> ml_collections.ConfigDict:
       type_vocab_size=2,
       dropout=0.1,
       attention_dropout=0.1,
+      # Dropout masks' generator (bertjax.model.dropout): auto (lowbias32 on the CPU, where it is measured faster:
+      # docs/cpu.md; threefry elsewhere) | threefry (the reference: jax.random's hash) | lowbias32.
+      dropout_rng="auto",
       layer_norm_eps=1e-12,
       init_std=0.02,
       sharing="none",  # none | all | attention | ffn (ALBERT cross-layer sharing)

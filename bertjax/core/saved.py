@@ -11,6 +11,8 @@ PREDATED = {
     ("optimizer", "bias_correction"): lambda section: section.get("name", "adamw") != "lamb",
     # 7e491a3 (optimizer.decay_mask): before it, every optimizer left biases and LayerNorm undecayed.
     ("optimizer", "decay_mask"): lambda section: "bert",
+    # model.dropout_rng: before it, every run drew its dropout masks with threefry (a resumed run keeps its masks).
+    ("model", "dropout_rng"): lambda section: "threefry",
 }
 
 

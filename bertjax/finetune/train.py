@@ -47,6 +47,7 @@ def validate(config):
   _check(0 < config.optimizer.layerwise_decay <= 1, "optimizer.layerwise_decay must be in (0, 1]")
   _check(config.model.get("quantize", "") in quantize.MODES,
          f"model.quantize={config.model.get('quantize')!r}; use int8 (qwix), q8bert or leave it empty")
+  model_config.check_dropout_rng(config.model)
   _check(config.model.dtype in config_lib.DTYPES, f"model.dtype={config.model.dtype!r}; use float32 or bfloat16")
   _check(config.epoch_mode in EPOCH_MODES, f"epoch_mode={config.epoch_mode!r}; use one of {', '.join(EPOCH_MODES)}")
   _check(config.optimizer.schedule in optim.SCHEDULES,
@@ -71,12 +72,14 @@ def load_checkpoint(init) -> inference.Loaded:
 
 
 def encoder_config(config, loaded: inference.Loaded):
-  """The checkpoint's main encoder with the fine-tuning dropout and dtype; dropout masks are drawn at
-  seq_len, so a length bucket's batch gets the fixed-length batch's masks (EncoderConfig.dropout_length)."""
+  """The checkpoint's main encoder with the fine-tuning dropout, its masks' generator and dtype; dropout masks
+  are drawn at seq_len, so a length bucket's batch gets the fixed-length batch's masks
+  (EncoderConfig.dropout_length)."""
   enc = model_config.encoder_config(loaded.config.model)
   m = config.model
   return dataclasses.replace(
       enc, dtype=config_lib.DTYPES[m.dtype], dropout_length=config.seq_len,
+      dropout_rng=model_config.dropout_rng(m.get("dropout_rng", "auto"), jax.default_backend()),
       dropout=enc.dropout if m.dropout < 0 else m.dropout,
       attention_dropout=enc.attention_dropout if m.attention_dropout < 0 else m.attention_dropout)
 

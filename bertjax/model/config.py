@@ -5,6 +5,7 @@ import jax
 from bertjax.core import config as config_lib
 from bertjax.core.config import check, DTYPES
 from bertjax.model import attention as attention_lib, kinds, layer_kinds, lsra, xlnet_models  # noqa: F401  (the built-in kinds)
+from bertjax.model.dropout import GENERATORS
 from bertjax.model.hparams import EncoderConfig, REMAT_POLICIES, SHARING_MODES
 from bertjax.model.layers import ACTIVATIONS, DENSE_GRADS
 
@@ -23,6 +24,7 @@ def encoder_config(m, generator: bool = False, platform: str | None = None) -> E
       layer_norm_eps=m.layer_norm_eps, init_std=m.init_std, sharing=m.sharing,
       num_groups=m.num_hidden_groups if m.sharing != "none" else 1, dtype=DTYPES[m.dtype], remat=m.remat,
       scan_unroll=scan_unroll(m.scan_unroll, m.num_layers, platform or jax.default_backend()),
+      dropout_rng=dropout_rng(m.get("dropout_rng", "auto"), platform or jax.default_backend()),
       activation=m.activation, position_offset=m.position_offset, attention=impl, head_size=m.head_size,
       position=m.position, rope_theta=m.rope_theta, local_rope_theta=m.local_rope_theta, ffn=m.ffn, norm=m.norm,
       use_bias=m.use_bias, local_layers=local_layers(m), local_window=m.local_window, init=m.init,
@@ -85,6 +87,21 @@ def dense_grad(value: str, platform: str) -> str:
   return value
 
 
+def dropout_rng(value: str, platform: str) -> str:
+  """model.dropout_rng resolved on a platform: `auto` is `lowbias32` on the CPU (a 32-bit integer hash per
+  element: the attention-dropout masks of a MiniLM fine-tuning step cost ~8x less than Threefry's, docs/cpu.md)
+  and `threefry`, the reference, elsewhere (not measured there)."""
+  if value == "auto":
+    return "lowbias32" if platform == "cpu" else "threefry"
+  return value
+
+
+def check_dropout_rng(m):
+  """Checks model.dropout_rng (of a pretraining or a fine-tuning config's model section)."""
+  check(m.get("dropout_rng", "auto") in ("auto", *GENERATORS),
+        f"model.dropout_rng={m.get('dropout_rng')!r}; use one of auto, {', '.join(GENERATORS)}")
+
+
 def validate(config):
   """Checks config.model (head width, activation, sharing, remat, dtype, attention at every phase's seq_len);
   raises UserError with the fix on the first problem."""
@@ -97,6 +114,7 @@ def validate(config):
   check(m.remat in REMAT_POLICIES, f"model.remat={m.remat!r}; use one of {', '.join(REMAT_POLICIES)}")
   check(m.get("dense_grad", "xla") in ("auto", *DENSE_GRADS),
         f"model.dense_grad={m.get('dense_grad')!r}; use one of auto, {', '.join(DENSE_GRADS)}")
+  check_dropout_rng(m)
   check(m.dtype in DTYPES, f"model.dtype={m.dtype!r}; use one of {', '.join(DTYPES)}")
   check(m.num_hidden_groups >= 1 and m.num_layers % m.num_hidden_groups == 0,
         f"model.num_hidden_groups={m.num_hidden_groups} must divide model.num_layers={m.num_layers}")

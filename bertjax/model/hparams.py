@@ -72,6 +72,9 @@ class EncoderConfig:
   # cut to a shorter length bucket gets the fixed-length batch's masks cut to its length: buckets change
   # the cost of a step, not its randomness (bertjax.finetune.batches).
   dropout_length: int = 0
+  # The dropout masks' counter-based generator (bertjax.model.dropout.GENERATORS): threefry (the reference) |
+  # lowbias32 (cheaper; the CPU's default through model.dropout_rng=auto, bertjax.model.config.dropout_rng).
+  dropout_rng: str = "threefry"
   # ModernBERT-class options (docs/modernbert.md); the defaults are BERT's and change nothing.
   # Kinds of the encoder's parts, looked up in bertjax.model.kinds (each module there says what it does).
   position: str = "learned"  # learned (absolute table) | rope (rotary, from position_ids; no table)

@@ -45,8 +45,8 @@ class RelativeAttention(Block):
     self.r_w_bias, self.r_r_bias, self.r_s_bias = bias("r_w_bias"), bias("r_r_bias"), bias("r_s_bias")
     self.seg_embed = self.param("seg_embed", normal(c, (None, sh.HEADS, sh.KV)), (2, c.num_heads, c.head_dim))
     self.layer_norm = layer_norm(c, "layer_norm")
-    self.drop = Dropout(c.dropout)
-    self.drop_attention = Dropout(c.attention_dropout)
+    self.drop = Dropout(c.dropout, generator=c.dropout_rng)
+    self.drop_attention = Dropout(c.attention_dropout, generator=c.dropout_rng)
 
   def project(self, x, w):
     """x [B, T, d] -> heads [B, T, N, D] in the compute dtype."""
@@ -86,7 +86,7 @@ class FeedForward(Block):
   @nn.compact
   def __call__(self, x):
     c = self.cfg
-    drop = lambda y: Dropout(c.dropout)(y, deterministic=self.deterministic)
+    drop = lambda y: Dropout(c.dropout, generator=c.dropout_rng)(y, deterministic=self.deterministic)
     y = dense(c, c.hidden_size, c.intermediate_size, (sh.EMBED, sh.MLP), "layer_1")(x)
     y = dense(c, c.intermediate_size, c.hidden_size, (sh.MLP, sh.EMBED), "layer_2")(drop(activation(c, y)))
     return layer_norm(c, "layer_norm")(x + drop(y))
@@ -171,7 +171,7 @@ class XLNet(Block):
     self.word_embedding = self.param("word_embedding", normal(c, (sh.VOCAB, sh.EMBED)), (c.vocab_size, c.hidden_size))
     self.mask_emb = self.param("mask_emb", normal(c, (sh.EMBED,)), (c.hidden_size,))
     self.layer = scan_layers(remat(XLNetLayer, c), c, c.num_layers)(c, self.deterministic, self.mc)
-    self.drop = Dropout(c.dropout)
+    self.drop = Dropout(c.dropout, generator=c.dropout_rng)
 
   def __call__(self, input_ids, type_ids=None, attention_mask=None, perm_mask=None, target_mapping=None,
                memory=None):

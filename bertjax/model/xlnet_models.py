@@ -109,7 +109,7 @@ class XLNetSequenceClassifier(nn.Module):
         input_ids, type_ids, attention_mask, memory=memory)["hidden"]
     last = hidden[:, -1] if cls_index is None else rows_at(hidden, cls_index[:, None])[:, 0]
     pooled = jnp.tanh(dense(c, c.hidden_size, c.hidden_size, (sh.EMBED, None), "summary")(last))
-    pooled = Dropout(self.summary_dropout)(pooled, deterministic=self.deterministic)
+    pooled = Dropout(self.summary_dropout, generator=c.dropout_rng)(pooled, deterministic=self.deterministic)
     return dense(c, c.hidden_size, self.num_labels, (sh.EMBED, None), "logits_proj")(pooled).astype(jnp.float32)
 
 
