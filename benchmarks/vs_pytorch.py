@@ -26,14 +26,21 @@ GPU (`--device=gpu`): bfloat16 compute; bertjax with its fastest attention (`mod
 flash attention, which needs attention dropout 0, so both sides train with attention dropout 0 and hidden
 dropout 0.1); PyTorch with bf16 autocast, SDPA attention and fused AdamW, eager and (a second row)
 `torch.compile`d. MFU against the GPU's dense bf16 peak (`bertjax.model.flops.PEAK_FLOPS`), peak memory of each.
+**Thread scaling** (`--scaling`, CPU, issue #49): each side runs twice, one process pinned to one core (bertjax:
+XLA sizes its thread pool and its loop partitions from the process's CPU affinity; PyTorch: that core and
+`torch.set_num_threads(1)`) and one on every core, all four alternating in the same rounds; the printout adds each
+framework's all-core step time over its one-core step time (0.5: a second core halves the step; 1.0: it gains
+nothing), with the spread of the per-round quotients, and whether bertjax gains at least as much as PyTorch.
 
   python benchmarks/vs_pytorch.py                        # CPU: tiny (batch 32) and base (batch 8), seq 128
   python benchmarks/vs_pytorch.py --variants=base --batch_size=8 --steps=5 --rounds=3
   python benchmarks/vs_pytorch.py --variants=base --settings=default,xla --steps=3 --rounds=6   # two processes
   BERTJAX_HOST_MALLOC=retain python benchmarks/vs_pytorch.py --torch_malloc=retain   # README's CPU figures
+  python benchmarks/vs_pytorch.py --variants=base --scaling --steps=2 --rounds=3   # 1 core vs all, both sides
   python benchmarks/vs_pytorch.py --device=gpu           # one GPU: BERT-large 32 x 512, BERT-base 128 x 128
 """
 
+import contextlib
 import functools
 import json
 import multiprocessing
@@ -294,6 +301,55 @@ def step_job(variant: str, batch_size: int, seq_len: int, device: str, overrides
   return bench.pretrain_job(cpu_routing.with_overrides(bert_config(variant, batch_size, seq_len, device), overrides))
 
 
+@contextlib.contextmanager
+def pinned(cores):
+  """Processes started inside run on `cores` only: a spawned child inherits the CPU affinity of the thread that
+  starts it, and XLA (its thread pool, hence its loop partitions) and PyTorch size themselves from it. None:
+  affinity unchanged. Only this (the calling) thread's affinity changes, and only for the block."""
+  if cores is None:
+    yield
+    return
+  saved = os.sched_getaffinity(0)
+  os.sched_setaffinity(0, cores)
+  try:
+    yield
+  finally:
+    os.sched_setaffinity(0, saved)
+
+
+def scaling_sides(config, variant: str, head: str, malloc: str) -> tuple:
+  """`--scaling`: (PyTorch sides, bertjax sides), each framework's step twice, in a process pinned to one core
+  (PyTorch with one thread) and in one on every core of this process's affinity; named `<side>@<cores>`."""
+  every = os.sched_getaffinity(0)
+  torch, jax_ = {}, {}
+  for cores in ({min(every)}, every):
+    with pinned(cores):
+      torch.update({f"{name}@{len(cores)}": side for name, side in
+                    torch_sides(config, "cpu", head, len(cores), malloc, False).items()})
+      jax_.update({f"{name}@{len(cores)}": side for name, side in
+                   jax_sides(config, variant, "cpu", ["default"]).items()})
+  return torch, jax_
+
+
+def cores_of(name: str) -> int:
+  """The cores a `scaling_sides` side runs on (0: not a scaling side)."""
+  return int(name.partition("@")[2] or 0)
+
+
+def thread_scaling(r: dict) -> dict:
+  """Per framework of a `compare` result over `scaling_sides`: its all-core step time over its one-core step time
+  (medians of all steps; 0.5 = a second core halves the step), the [min, max] of the per-round quotients, and the
+  cores of each."""
+  out = {}
+  for framework in ("bertjax", "torch"):
+    by_cores = sorted(r[framework].items(), key=lambda kv: cores_of(kv[0]))
+    (_, one), (_, every) = by_cores[0], by_cores[-1]
+    per_round = [a / b for a, b in zip(every["round_seconds"], one["round_seconds"])]
+    out[framework] = dict(scaling=every["step_seconds"] / one["step_seconds"], min=min(per_round),
+                          max=max(per_round), cores=(cores_of(by_cores[0][0]), cores_of(by_cores[-1][0])))
+  return out
+
+
 def jax_sides(config, variant: str, device: str, names: list) -> dict:
   """bertjax's sides: on CPU one process per routing setting (`cpu_routing.settings()`: XLA flags and model
   switches; XLA reads its flags once per process), on GPU the step in this process."""
@@ -341,6 +397,7 @@ def compare(config, steps: int, rounds: int, sides: dict, device: str, jax_side:
   for name, side in jax_side.items():
     tps = tokens / statistics.median(jax_times[name])
     r["bertjax"][name] = dict(tokens_per_sec=tps, step_seconds=statistics.median(jax_times[name]),
+                              round_seconds=jax_rounds[name],
                               compile_seconds=side.info["compile_seconds"], first_step=side.info["first_step"],
                               mfu=tps * b.flops_per_token / peak if peak else None,
                               census=side.info["census"]["libraries"], xla_flags=side.info["xla_flags"],
@@ -351,9 +408,11 @@ def compare(config, steps: int, rounds: int, sides: dict, device: str, jax_side:
     tps = tokens / statistics.median(torch_times[name])
     r["torch"][name] = dict(
         head=head, threads=side.info["threads"], tokens_per_sec=tps,
-        step_seconds=statistics.median(torch_times[name]), flops_per_token=torch_fpt,
+        step_seconds=statistics.median(torch_times[name]), round_seconds=torch_rounds[name], flops_per_token=torch_fpt,
         mfu=tps * torch_fpt / peak if peak else None, peak_memory_bytes=side.peak_memory(), ratios={})
     for jname, j in r["bertjax"].items():
+      if cores_of(jname) != cores_of(name):  # --scaling: compare sides on the same cores only
+        continue
       per_round = [torch_rounds[name][i] / jax_rounds[jname][i] for i in range(rounds)]
       r["torch"][name]["ratios"][jname] = dict(
           ratio=j["tokens_per_sec"] / tps, min=min(per_round), max=max(per_round),
@@ -393,6 +452,15 @@ def print_variant(r: dict):
               "xla": " <- XLA's own routing (before issue #35; BERTJAX_CPU_FLAGS=off)"}.get(jname, "")
       print(f"{'':>8} ratio bertjax {jname:<16} / PyTorch {name}: {x['ratio']:.2f}x [per-round {x['min']:.2f}-"
             f"{x['max']:.2f}] (FLOP-normalized {x['flop_normalized']:.2f}x){note}", flush=True)
+  if "scaling" in r:
+    s = r["scaling"]
+    for framework, label in (("bertjax", "bertjax default"), ("torch", "PyTorch eager")):
+      x = s[framework]
+      print(f"{'':>6} thread scaling {label:<16}: {x['cores'][1]}-core step / {x['cores'][0]}-core step "
+            f"{x['scaling']:.2f} [per-round {x['min']:.2f}-{x['max']:.2f}] (speed-up {1 / x['scaling']:.2f}x)",
+            flush=True)
+    verdict = "yes" if s["bertjax"]["scaling"] <= s["torch"]["scaling"] else "no"
+    print(f"{'':>8} bertjax gains at least as much from the extra cores as PyTorch: {verdict}", flush=True)
 
 
 def main(argv):
@@ -405,7 +473,10 @@ def main(argv):
   platform = jax.devices()[0].platform
   if device == "gpu" and platform != "gpu":
     raise SystemExit(f"error: --device=gpu, but JAX sees {platform} devices; install jax[cuda12] on a GPU machine")
+  if _SCALING.value and device != "cpu":
+    raise SystemExit("error: --scaling times one core against all of a CPU; leave out --device=gpu")
   names = list(cpu_routing.settings()) if _SETTINGS.value == ["all"] else _SETTINGS.value
+  names = ["default"] if _SCALING.value else names
   unknown = [n for n in names if n not in cpu_routing.settings()]
   if unknown:
     raise SystemExit(f"error: --settings: unknown {unknown}; choose from {list(cpu_routing.settings())} or all")
@@ -413,8 +484,11 @@ def main(argv):
   peak = bench.matmul_peak() if device == "cpu" else flops.peak_flops(jax.devices()[0])
   for variant in _VARIANTS.value or DEFAULT_VARIANTS[device]:
     config = bert_config(variant, _BATCH.value, _SEQ.value, device)
-    sides = torch_sides(config, device, _HEAD.value, _THREADS.value, _TORCH_MALLOC.value, _COMPILE.value)
-    eager = sides["eager"]
+    if _SCALING.value:
+      sides, jax_side = scaling_sides(config, variant, _HEAD.value, _TORCH_MALLOC.value)
+    else:
+      sides = torch_sides(config, device, _HEAD.value, _THREADS.value, _TORCH_MALLOC.value, _COMPILE.value)
+    eager = next(iter(sides.values()))
     if torch_peak is None:
       torch_peak = eager.matmul_peak() if device == "cpu" else peak
       print(f"device {jax.devices()[0].device_kind} / {eager.info['device']}, {os.cpu_count()} cores, torch "
@@ -428,8 +502,11 @@ def main(argv):
                   f"  {n:<16} XLA_FLAGS={cpu_routing.settings()[n][0]!r}"
                   + (f" model {cpu_routing.settings()[n][1]}" if cpu_routing.settings()[n][1] else "") for n in names),
               flush=True)
-    jax_side = jax_sides(config, variant, device, names)
+    if not _SCALING.value:
+      jax_side = jax_sides(config, variant, device, names)
     r = dict(variant=variant, **compare(config, _STEPS.value, _ROUNDS.value, sides, device, jax_side))
+    if _SCALING.value:
+      r["scaling"] = thread_scaling(r)
     for side in (*sides.values(), *jax_side.values()):
       side.close()
     results.append(r)
@@ -441,6 +518,7 @@ def main(argv):
 def _define_flags():
   """The script's flags, defined only when run as a program (tests import its functions)."""
   global _DEVICE, _VARIANTS, _BATCH, _SEQ, _HEAD, _COMPILE, _STEPS, _ROUNDS, _THREADS, _TORCH_MALLOC, _SETTINGS
+  global _SCALING
   _DEVICE = flags.DEFINE_enum("device", "cpu", ["cpu", "gpu"], "where both sides run (gpu: bf16, see above)")
   _VARIANTS = flags.DEFINE_list("variants", [], "configs/bert.py variants to compare (default: per device)")
   _BATCH = flags.DEFINE_integer("batch_size", 0, "global batch size for every variant (0: SHAPES)")
@@ -455,6 +533,8 @@ def _define_flags():
   _SETTINGS = flags.DEFINE_list("settings", DEFAULT_SETTINGS,
                                 "CPU: bertjax's routing settings, one process each (benchmarks/cpu_routing.py's "
                                 "SETTINGS, or 'all'); `default` is what runtime.setup() sets, `xla` the routing before")
+  _SCALING = flags.DEFINE_bool("scaling", False, "CPU: instead of the settings, time bertjax's default and PyTorch "
+                               "each on one core and on every core, and print each one's thread scaling")
   _TORCH_MALLOC = flags.DEFINE_enum("torch_malloc", "default", ["default", "retain"],
                                     "the PyTorch process's glibc malloc policy (bertjax/core/runtime.py)")
 

@@ -83,16 +83,22 @@ def test_bench_rejects_zero_steps():
     bench.measure(micro("configs/bert.py:tiny"), steps=0)
 
 
-def test_vs_pytorch_equal_work_head_trains_the_same_objective():
-  """benchmarks/vs_pytorch.py's PyTorch side decodes only the masked slots (bertjax's work) and still trains
-  stock BertForPreTraining's objective: same loss and gradients, fewer FLOPs than HF's every-position head."""
+def _vs_pytorch():
+  """benchmarks/vs_pytorch.py as a module (it is a script, not a package module)."""
   import importlib.util
-
-  import torch
 
   spec_ = importlib.util.spec_from_file_location("vs_pytorch", os.path.join(REPO, "benchmarks", "vs_pytorch.py"))
   vs = importlib.util.module_from_spec(spec_)
   spec_.loader.exec_module(vs)
+  return vs
+
+
+def test_vs_pytorch_equal_work_head_trains_the_same_objective():
+  """benchmarks/vs_pytorch.py's PyTorch side decodes only the masked slots (bertjax's work) and still trains
+  stock BertForPreTraining's objective: same loss and gradients, fewer FLOPs than HF's every-position head."""
+  import torch
+
+  vs = _vs_pytorch()
   config = vs.bert_config("tiny", 4, 64)
   config.model.update(hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=300)
   spec = vs.torch_spec(config)
@@ -115,3 +121,22 @@ def test_vs_pytorch_equal_work_head_trains_the_same_objective():
   np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
   torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
   assert vs.hf_flops_per_token(config) > bench.setup(config).flops_per_token
+
+
+def test_vs_pytorch_scaling_pins_children_and_divides_all_cores_by_one():
+  """`vs_pytorch.py --scaling`: a process started inside `pinned` runs on the given core only (what sizes XLA's and
+  PyTorch's thread pools), this process's affinity comes back afterwards, and `thread_scaling` divides each
+  framework's all-core step time by its one-core one, per round too."""
+  vs = _vs_pytorch()
+  before = os.sched_getaffinity(0)
+  with vs.pinned({min(before)}):
+    child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                           capture_output=True, text=True, check=True).stdout
+  assert json.loads(child) == [min(before)]
+  assert os.sched_getaffinity(0) == before
+  side = lambda median, rounds: dict(step_seconds=median, round_seconds=rounds)
+  r = {"bertjax": {"default@2": side(1.2, [1.0, 1.4]), "default@1": side(2.0, [2.0, 2.0])},
+       "torch": {"eager@1": side(1.0, [1.0, 1.0]), "eager@2": side(0.6, [0.5, 0.7])}}
+  s = vs.thread_scaling(r)
+  assert s["bertjax"] == dict(scaling=0.6, min=0.5, max=0.7, cores=(1, 2))
+  assert s["torch"]["scaling"] == pytest.approx(0.6) and s["torch"]["cores"] == (1, 2)

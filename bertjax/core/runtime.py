@@ -167,7 +167,9 @@ def configured_timeout() -> float:
 # BERTJAX_CPU_FLAGS=off sets none. None yet: oneDNN for dots (--xla_cpu_use_onednn=true
 # --xla_cpu_experimental_onednn_fusion_type=dot) takes every dot, but kills the process with SIGILL ("partition
 # compile failed") on a batched dot with an elementwise operand (attention without dropout), so it is no default
-# (docs/cpu.md).
+# (docs/cpu.md). No threading flag either: XLA:CPU already splits every large loop fusion (GELU, LayerNorm, dropout,
+# AdamW) into one partition per core of the process's CPU affinity, and no flag of jaxlib 0.10 changes that count
+# (docs/cpu.md, "Both cores").
 CPU_XLA_FLAGS = ()
 CPU_FLAGS_ENV = "BERTJAX_CPU_FLAGS"  # "off": leave XLA's own CPU routing (YNNPACK, then Eigen)
 
