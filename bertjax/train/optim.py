@@ -35,7 +35,20 @@ Two switches say which published rule an optimizer follows (each recipe config s
            ["LayerNorm", "layer_norm", "bias"]); all: every parameter (fairseq's adam: RoBERTa, SpanBERT).
 Weight decay is decoupled (added to the update, times the learning rate) in every rule.
 
-AdamW with bias correction is optax's adamw. LAMB is google-research/albert `lamb_optimizer.py` (no bias
+AdamW with bias correction is optax's adamw.
+
+`make(..., fused=True)` (the default) runs the same arithmetic in fewer passes over memory; `fused=False` builds
+the plain optax chain (the reference the tests hold the fused one to, bit for bit). XLA:CPU (jaxlib 0.10) writes
+out every intermediate that two loops read unless its op is cheap, and emits no multi-output loop fusion (its
+pass runs only under the backend option `xla_cpu_use_multi_output_fusion`, which slowed the update: docs/cpu.md).
+optax.clip_by_global_norm's clipped gradient is such an intermediate (a divide, read by both moments): written
+once, then read back with the raw gradient. The fused path clips inside the moments' transformation
+(`scale_by_adam_clipped`), each moment from its own copy of the norm (a scalar optimization barrier), so each
+divide fuses into its moment's loop: per parameter leaf, the first moment, the second moment and the new
+parameter (weight decay, learning rate and the parameter add included) are one loop each, plus the norm's
+reduction, which the train step passes in (`global_norm`, the norm it logs) instead of computing it again.
+Its state is the reference's, leaf for leaf (checkpoints are interchangeable). LAMB's moments fuse the same way;
+StableAdamW has no clipping in its recipe and runs the reference chain. LAMB is google-research/albert `lamb_optimizer.py` (no bias
 correction) or NVIDIA's (apex FusedLAMB, with it): Adam's update plus decoupled weight decay, scaled by the
 trust ratio ||w|| / ||update|| -- except for the parameters excluded from weight decay, which both references
 also exclude from layer adaptation. The trust ratio is taken per original tensor: per layer of a scanned
@@ -174,6 +187,44 @@ def scale_by_adam_moments(b1: float, b2: float, eps: float) -> optax.GradientTra
   return optax.GradientTransformation(init, update)
 
 
+def clipped(grads, max_norm: float, norm, copies: int = 1) -> tuple:
+  """`copies` trees of `grads` clipped to global norm `max_norm` as optax.clip_by_global_norm clips them (the same
+  select and arithmetic), given their global `norm`; max_norm 0: the gradients as they are. Each copy divides by
+  its own copy of the norm (a scalar optimization barrier, free), so XLA fuses each copy's divide into the loop
+  that reads it instead of writing one clipped tree out for all of them (module docstring)."""
+  if not max_norm:
+    return (grads,) * copies
+  trigger = jnp.squeeze(norm < max_norm)
+  out = []
+  for i in range(copies):
+    n = norm if i == 0 else jax.lax.optimization_barrier(norm)
+    out.append(jax.tree.map(lambda t, n=n: jax.lax.select(trigger, t, (t / n.astype(t.dtype)) * max_norm), grads))
+  return tuple(out)
+
+
+def scale_by_adam_clipped(b1: float, b2: float, eps: float, bias_correction: bool,
+                          clip_norm: float) -> optax.GradientTransformationExtraArgs:
+  """Global-norm clipping (clip_norm 0: none) then Adam's moments and update, with the state and arithmetic of
+  optax.scale_by_adam (bias_correction) or scale_by_adam_moments, op for op: `make`'s fused path. Each moment reads
+  the gradients through its own `clipped` copy, so the clipped gradients are never written out. update takes
+  `global_norm=` (the gradients' global norm, when the caller has it: the train step logs it) to skip computing it."""
+
+  def update(grads, state, params=None, *, global_norm=None, **extra):
+    del params, extra
+    norm = optax.tree.norm(grads) if clip_norm and global_norm is None else global_norm
+    first, second = clipped(grads, clip_norm, norm, 2)
+    mu = optax.tree.update_moment(first, state.mu, b1, 1)
+    nu = optax.tree.update_moment_per_elem_norm(second, state.nu, b2, 2)
+    if not bias_correction:
+      return jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu), _MomentsState(mu, nu)
+    count = optax.safe_increment(state.count)
+    mu_hat, nu_hat = optax.tree.bias_correction(mu, b1, count), optax.tree.bias_correction(nu, b2, count)
+    updates = jax.tree.map(lambda m, v: m / (jnp.sqrt(v + 0.0) + eps), mu_hat, nu_hat)  # optax's eps_root 0.0
+    return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+  return optax.GradientTransformationExtraArgs(_adam(b1, b2, eps, bias_correction).init, update)
+
+
 def per_tensor_trust_ratio() -> optax.GradientTransformation:
   """optax.scale_by_trust_ratio applied to each original tensor: a stacked leaf gets one ratio per
   slice of its leading axis (vmapped), any other leaf one ratio."""
@@ -194,11 +245,12 @@ def _adam(b1: float, b2: float, eps: float, bias_correction: bool) -> optax.Grad
 
 
 def lamb(learning_rate, b1: float, b2: float, eps: float, weight_decay: float, bias_correction: bool = False,
-         mask=decay_mask) -> optax.GradientTransformation:
+         mask=decay_mask, moments=None) -> optax.GradientTransformation:
   """LAMB from optax's building blocks: ALBERT's (google-research/albert lamb_optimizer.py; no bias
-  correction) or, with bias_correction, NVIDIA's (apex multi_tensor_lamb.cu: m / (1 - b1^t), v / (1 - b2^t))."""
+  correction) or, with bias_correction, NVIDIA's (apex multi_tensor_lamb.cu: m / (1 - b1^t), v / (1 - b2^t)).
+  `moments`: the Adam stage (None: optax's or scale_by_adam_moments; make's fused path: scale_by_adam_clipped)."""
   return optax.chain(
-      _adam(b1, b2, eps, bias_correction),
+      moments or _adam(b1, b2, eps, bias_correction),
       optax.add_decayed_weights(weight_decay, mask=mask),
       # ALBERT: exclude_from_layer_adaptation defaults to exclude_from_weight_decay; apex: the trust ratio only
       # where the parameter group's weight decay is nonzero (use_nvlamb False).
@@ -208,10 +260,11 @@ def lamb(learning_rate, b1: float, b2: float, eps: float, weight_decay: float, b
 
 
 def adam_weight_decay(learning_rate, b1: float, b2: float, eps: float, weight_decay: float,
-                      mask=decay_mask) -> optax.GradientTransformation:
+                      mask=decay_mask, moments=None) -> optax.GradientTransformation:
   """google-research/bert optimization.py AdamWeightDecayOptimizer (also ELECTRA's): update = m / (sqrt(v) +
-  eps) from moments without bias correction, plus weight_decay x w where the mask says, times the rate."""
-  return optax.chain(scale_by_adam_moments(b1, b2, eps), optax.add_decayed_weights(weight_decay, mask=mask),
+  eps) from moments without bias correction, plus weight_decay x w where the mask says, times the rate; with
+  `moments` (an Adam stage with optax.adamw's state), optax.adamw's chain around it."""
+  return optax.chain(moments or scale_by_adam_moments(b1, b2, eps), optax.add_decayed_weights(weight_decay, mask=mask),
                      optax.scale_by_learning_rate(learning_rate))
 
 
@@ -244,10 +297,26 @@ def stable_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: 
   return optax.chain(optax.GradientTransformation(inner.init, update), optax.scale_by_learning_rate(learning_rate))
 
 
-def make(o, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
+def make(o, learning_rate: optax.ScalarOrSchedule, fused: bool = True) -> optax.GradientTransformation:
   """Global-norm clipping then AdamW, LAMB or StableAdamW, from an `optimizer` config section (name, b1, b2,
-  eps, weight_decay, clip_norm, bias_correction, decay_mask) and a learning rate or schedule."""
+  eps, weight_decay, clip_norm, bias_correction, decay_mask) and a learning rate or schedule. `fused` (the
+  default): AdamW's and LAMB's clipping runs inside their moments' stage (`scale_by_adam_clipped`; update takes
+  `global_norm=`), the same numbers in fewer passes over memory; False: the plain optax chain. Both have the
+  same state."""
   mask, corrected = decay_mask_fn(_decay_kind(o)), _bias_correction(o)
+  if not fused or o.name == "stableadamw":  # StableAdamW: no clipping in its recipe, nothing to fuse
+    return _reference(o, learning_rate, mask, corrected)
+  moments = scale_by_adam_clipped(o.b1, o.b2, o.eps, corrected, o.clip_norm)
+  if o.name == "lamb":
+    opt = lamb(learning_rate, o.b1, o.b2, o.eps, o.weight_decay, corrected, mask, moments)
+  else:  # optax.adamw's chain, or BERT's AdamWeightDecayOptimizer: the moments' stage decides
+    opt = adam_weight_decay(learning_rate, o.b1, o.b2, o.eps, o.weight_decay, mask, moments)
+  # optax.identity where the reference clips (its state, EmptyState, is clip_by_global_norm's): same state tree.
+  return optax.chain(optax.identity(), opt) if o.clip_norm else opt
+
+
+def _reference(o, learning_rate, mask, corrected: bool) -> optax.GradientTransformation:
+  """make's optimizer as the plain optax chain: optax.clip_by_global_norm, then the optimizer."""
   if o.name == "lamb":
     opt = lamb(learning_rate, o.b1, o.b2, o.eps, o.weight_decay, corrected, mask)
   elif o.name == "stableadamw":
