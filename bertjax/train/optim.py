@@ -225,19 +225,29 @@ def scale_by_adam_clipped(b1: float, b2: float, eps: float, bias_correction: boo
   return optax.GradientTransformationExtraArgs(_adam(b1, b2, eps, bias_correction).init, update)
 
 
-def per_tensor_trust_ratio() -> optax.GradientTransformation:
+def per_tensor_trust_ratio(fused: bool = False) -> optax.GradientTransformation:
   """optax.scale_by_trust_ratio applied to each original tensor: a stacked leaf gets one ratio per
-  slice of its leading axis (vmapped), any other leaf one ratio."""
+  slice of its leading axis (vmapped), any other leaf one ratio. `fused`: `trust_ratio_once` instead."""
   ratio = optax.scale_by_trust_ratio()
 
   def one(u, p):
-    return ratio.update(u, optax.EmptyState(), p)[0]
+    return trust_ratio_once(u, p) if fused else ratio.update(u, optax.EmptyState(), p)[0]
 
   def update(updates, state, params):
     per = lambda u, p, stacked: jax.vmap(one)(u, p) if stacked else one(u, p)
     return jax.tree.map(per, updates, params, stacked_mask(params)), state
 
   return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
+
+
+def trust_ratio_once(u, p):
+  """optax.scale_by_trust_ratio's update with its defaults (min_norm 0, coefficient 1, eps 0) on one tensor, each
+  norm taken once: its safe_norm takes a second norm of a copy with zero-norm tensors replaced by ones (for
+  gradients through the norm, which an optimizer step never takes), one more write, read and reduction of the
+  tensor. The ratio is the same: the norm where it is nonzero, and 1 where either norm is 0."""
+  p_norm, u_norm = jnp.linalg.norm(p), jnp.linalg.norm(u)
+  ratio = 1.0 * p_norm / (u_norm + 0.0)
+  return u * jnp.where(jnp.logical_or(p_norm == 0.0, u_norm == 0.0), jnp.array(1.0, dtype=p.dtype), ratio)
 
 
 def _adam(b1: float, b2: float, eps: float, bias_correction: bool) -> optax.GradientTransformation:
@@ -254,7 +264,7 @@ def lamb(learning_rate, b1: float, b2: float, eps: float, weight_decay: float, b
       optax.add_decayed_weights(weight_decay, mask=mask),
       # ALBERT: exclude_from_layer_adaptation defaults to exclude_from_weight_decay; apex: the trust ratio only
       # where the parameter group's weight decay is nonzero (use_nvlamb False).
-      optax.masked(per_tensor_trust_ratio(), mask),
+      optax.masked(per_tensor_trust_ratio(fused=moments is not None), mask),
       optax.scale_by_learning_rate(learning_rate),
   )
 
@@ -274,16 +284,20 @@ def per_tensor(fn, stacked: bool):
 
 
 def stable_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: float,
-                 mask=decay_mask) -> optax.GradientTransformation:
+                 mask=decay_mask, fused: bool = False) -> optax.GradientTransformation:
   """StableAdamW (Wortsman et al. 2023, Algorithm 2; optimi's StableAdamW, which ModernBERT trains with): optax's
   Adam moments and decoupled weight decay, the sum divided per tensor by max(1, RMS), RMS = sqrt(mean(g^2 /
-  max(v_hat, eps^2))), then scaled by the learning rate. Its state is Adam's (no extra buffer); always bias-corrected, as optimi's."""
+  max(v_hat, eps^2))), then scaled by the learning rate. Its state is Adam's (no extra buffer); always
+  bias-corrected, as optimi's. `fused`: the RMS reads its own copy of the step count (a scalar optimization
+  barrier), so its v_hat is a divide of its own that fuses into the RMS's reduction, not one that the update's
+  loop shares and XLA:CPU therefore writes out (module docstring); the same arithmetic."""
   inner = optax.chain(optax.scale_by_adam(b1, b2, eps), optax.add_decayed_weights(weight_decay, mask=mask))
 
   def update(grads, state, params):
     updates, state = inner.update(grads, state, params)
     adam = state[0]
-    nu_hat = optax.tree.bias_correction(adam.nu, b2, adam.count)
+    count, rms_grads = jax.lax.optimization_barrier((adam.count, grads)) if fused else (adam.count, grads)
+    nu_hat = optax.tree.bias_correction(adam.nu, b2, count)
 
     def clip(u, g, v, stacked):
       def one(u, g, v):
@@ -292,7 +306,7 @@ def stable_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: 
 
       return per_tensor(one, stacked)(u, g, v)
 
-    return jax.tree.map(clip, updates, grads, nu_hat, stacked_mask(grads)), state
+    return jax.tree.map(clip, updates, rms_grads, nu_hat, stacked_mask(grads)), state
 
   return optax.chain(optax.GradientTransformation(inner.init, update), optax.scale_by_learning_rate(learning_rate))
 
@@ -304,8 +318,11 @@ def make(o, learning_rate: optax.ScalarOrSchedule, fused: bool = True) -> optax.
   `global_norm=`), the same numbers in fewer passes over memory; False: the plain optax chain. Both have the
   same state."""
   mask, corrected = decay_mask_fn(_decay_kind(o)), _bias_correction(o)
-  if not fused or o.name == "stableadamw":  # StableAdamW: no clipping in its recipe, nothing to fuse
+  if not fused:
     return _reference(o, learning_rate, mask, corrected)
+  if o.name == "stableadamw":  # no clipping in its recipe: optax's clipping in front, where a config sets it
+    opt = stable_adamw(learning_rate, o.b1, o.b2, o.eps, o.weight_decay, mask, fused=True)
+    return optax.chain(optax.clip_by_global_norm(o.clip_norm), opt) if o.clip_norm else opt
   moments = scale_by_adam_clipped(o.b1, o.b2, o.eps, corrected, o.clip_norm)
   if o.name == "lamb":
     opt = lamb(learning_rate, o.b1, o.b2, o.eps, o.weight_decay, corrected, mask, moments)
