@@ -4,8 +4,9 @@ For each optimizer setting, on a BERT variant's parameter tree (random values, f
 runs after the gradients (`tx.update` then `optax.apply_updates`, parameters and state donated), counts the loop
 fusions XLA emits (the entry computation's kLoop fusions: each reads and writes whole arrays) and the library
 reductions, and times the variants' updates in alternating rounds (every variant sees the same machine load).
-`fused_norm_given` is the fused update handed the gradients' global norm, as the train step hands it. Prints a table
-and one JSON line.
+With `--norm_given`, also `fused_norm_given`: the fused update handed the gradients' global norm, as the train step
+hands it. Prints a table and one JSON line. Holds two or three copies of the parameters and Adam's state at once
+(BERT-base: about 1.3 GB each).
 
   python benchmarks/optim_update.py                                  # BERT-base, every optimizer setting
   python benchmarks/optim_update.py --variant=tiny --cases=adamw,lamb --rounds=2
@@ -34,7 +35,6 @@ CASES = {
     "lamb_nvidia": dict(name="lamb", bias_correction=True),
     "stableadamw": dict(name="stableadamw", clip_norm=0.0),
 }
-VARIANTS = ("reference", "fused", "fused_norm_given")
 
 
 def section(case: str):
@@ -73,9 +73,11 @@ def main():
   parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
   parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
   parser.add_argument("--steps", type=int, default=3, help="timed updates per variant and round")
+  parser.add_argument("--norm_given", action="store_true", help="also time the fused update handed the norm")
   args = parser.parse_args()
   runtime.setup()
   import jax
+  import jax.numpy as jnp
   import numpy as np
 
   from bertjax.train import build, optim
@@ -83,17 +85,18 @@ def main():
   config = config_lib.load(os.path.join(REPO, f"configs/bert.py:{args.variant}"))
   shapes = build.param_shapes(config)
   rng = np.random.default_rng(0)
-  params = jax.tree.map(lambda s: rng.normal(0, 0.02, s.shape).astype(np.float32), shapes)
   grads = jax.device_put(jax.tree.map(lambda s: rng.normal(0, 1e-3, s.shape).astype(np.float32), shapes))
+  params = jax.tree.map(lambda g: g * 20.0, grads)  # BERT-like magnitudes (0.02); the values do not change the work
+  variants = ("reference", "fused", "fused_norm_given") if args.norm_given else ("reference", "fused")
   leaves = len(jax.tree.leaves(shapes))
   schedule = optim.schedule("linear", 1e-4, 100, 1000)
   results = {}
   for case in args.cases.split(","):
     o, jobs = section(case), {}
-    for variant in VARIANTS:
+    for variant in variants:
       tx = optim.make(o, schedule, fused=variant != "reference")
       compiled, hlo = compiled_update(tx, params, grads, variant == "fused_norm_given")
-      state = jax.block_until_ready(compiled(jax.device_put(params), tx.init(params), grads))  # untimed first run
+      state = jax.block_until_ready(compiled(jax.tree.map(jnp.copy, params), tx.init(params), grads))  # untimed
       jobs[variant] = [compiled, state, [], fusions(hlo)]
     for _ in range(args.rounds):
       for job in jobs.values():
@@ -107,7 +110,7 @@ def main():
     base = statistics.median(jobs["reference"][2])
     results[case] = {v: dict(ms=1e3 * statistics.median(j[2]), ratio=statistics.median(j[2]) / base, **j[3])
                      for v, j in jobs.items()}
-    del jobs
+    del jobs, state, compiled  # before the next case's copies
     for v, r in results[case].items():
       print(f"{case:16s} {v:17s} {r['ms']:8.1f} ms  x{r['ratio']:.2f}  loop fusions {r['loops']:4d} "
             f"({r['loops'] / leaves:.1f} per leaf)  library {r['library']}", file=sys.stderr, flush=True)

@@ -35,24 +35,25 @@ Two switches say which published rule an optimizer follows (each recipe config s
            ["LayerNorm", "layer_norm", "bias"]); all: every parameter (fairseq's adam: RoBERTa, SpanBERT).
 Weight decay is decoupled (added to the update, times the learning rate) in every rule.
 
-AdamW with bias correction is optax's adamw.
-
-`make(..., fused=True)` (the default) runs the same arithmetic in fewer passes over memory; `fused=False` builds
-the plain optax chain (the reference the tests hold the fused one to, bit for bit). XLA:CPU (jaxlib 0.10) writes
-out every intermediate that two loops read unless its op is cheap, and emits no multi-output loop fusion (its
-pass runs only under the backend option `xla_cpu_use_multi_output_fusion`, which slowed the update: docs/cpu.md).
-optax.clip_by_global_norm's clipped gradient is such an intermediate (a divide, read by both moments): written
-once, then read back with the raw gradient. The fused path clips inside the moments' transformation
-(`scale_by_adam_clipped`), each moment from its own copy of the norm (a scalar optimization barrier), so each
-divide fuses into its moment's loop: per parameter leaf, the first moment, the second moment and the new
-parameter (weight decay, learning rate and the parameter add included) are one loop each, plus the norm's
-reduction, which the train step passes in (`global_norm`, the norm it logs) instead of computing it again.
-Its state is the reference's, leaf for leaf (checkpoints are interchangeable). LAMB's moments fuse the same way;
-StableAdamW has no clipping in its recipe and runs the reference chain. LAMB is google-research/albert `lamb_optimizer.py` (no bias
+AdamW with bias correction is optax's adamw. LAMB is google-research/albert `lamb_optimizer.py` (no bias
 correction) or NVIDIA's (apex FusedLAMB, with it): Adam's update plus decoupled weight decay, scaled by the
 trust ratio ||w|| / ||update|| -- except for the parameters excluded from weight decay, which both references
 also exclude from layer adaptation. The trust ratio is taken per original tensor: per layer of a scanned
 `[layers, ...]` stack and per group of ALBERT's shared blocks, as the reference sees them.
+
+The fused update (`make`'s default; `fused=False` builds the plain optax chain, which the tests hold it to bit for
+bit) runs the same operations in fewer passes over memory. XLA:CPU (jaxlib 0.10) writes out every intermediate that
+two loops read unless its op is cheap (a divide is not), and emits no multi-output loop fusion by default, so every
+array the update writes is one loop. The chain wrote three such intermediates per parameter tensor: the clipped
+gradient (optax.clip_by_global_norm's divide, read by both moments), LAMB's copies of the parameter and update in
+optax's safe_norm, and StableAdamW's bias-corrected v (read by the RMS and the update). The fused path computes
+each where it is read: clipping inside the moments' stage (`scale_by_adam_clipped`), each moment dividing by its
+own copy of the norm (a scalar optimization barrier keeps XLA from merging the two divides); `trust_ratio_once`;
+StableAdamW's RMS on its own copies of the step count and gradients. Per tensor that leaves one loop per moment and
+one for the new parameter (bias correction, weight decay, trust ratio or RMS, learning rate and the parameter add
+in it), and the reductions. The train step hands the update the global norm it logs (`global_norm`), so clipping
+reads the gradients no second time. Same state tree as the chain (checkpoints load either way). Figures:
+docs/cpu.md, "The optimizer update".
 """
 
 from typing import NamedTuple
@@ -314,9 +315,8 @@ def stable_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: 
 def make(o, learning_rate: optax.ScalarOrSchedule, fused: bool = True) -> optax.GradientTransformation:
   """Global-norm clipping then AdamW, LAMB or StableAdamW, from an `optimizer` config section (name, b1, b2,
   eps, weight_decay, clip_norm, bias_correction, decay_mask) and a learning rate or schedule. `fused` (the
-  default): AdamW's and LAMB's clipping runs inside their moments' stage (`scale_by_adam_clipped`; update takes
-  `global_norm=`), the same numbers in fewer passes over memory; False: the plain optax chain. Both have the
-  same state."""
+  default): the same operations in fewer passes over memory (module docstring; update takes `global_norm=`, the
+  gradients' global norm where the caller has it); False: the plain optax chain. Both have the same state."""
   mask, corrected = decay_mask_fn(_decay_kind(o)), _bias_correction(o)
   if not fused:
     return _reference(o, learning_rate, mask, corrected)
