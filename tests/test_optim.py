@@ -336,3 +336,85 @@ def test_decay_mask_rejects_unknown_values():
   config.optimizer.decay_mask = "none"
   with pytest.raises(UserError, match="decay_mask='none'; use bert or all"):
     optim.validate(config)
+
+
+# --------------------------------------------- the fused update (make's default) against the plain optax chain
+# Same arithmetic, op for op, so the same bits at the tests' XLA flags (backend optimization level 0; at the
+# default level LLVM may contract a multiply-add into an FMA differently in differently fused loops: docs/cpu.md).
+FUSED_CASES = {
+    "adamw_corrected_bert": dict(bias_correction=True, decay_mask="bert"),
+    "adamw_corrected_all": dict(bias_correction=True, decay_mask="all"),
+    "adamw_bert_rule": dict(bias_correction=False, decay_mask="bert"),
+    "adamw_bert_rule_all": dict(bias_correction=False, decay_mask="all"),
+    "lamb_albert": dict(name="lamb", bias_correction=False),
+    "lamb_nvidia": dict(name="lamb", bias_correction=True),
+    "adamw_no_clipping": dict(clip_norm=0.0),
+    "stableadamw": dict(name="stableadamw", clip_norm=0.0),
+}
+
+
+def _loops(compiled) -> int:
+  """Loop fusions in the entry computation of a compiled function (what writes and reads whole arrays)."""
+  text = compiled.as_text()
+  return text[text.index("\nENTRY"):].count("kind=kLoop")
+
+
+@pytest.fixture(scope="module")
+def fused_runs():
+  """Per case: the parameters and optimizer state after each of 8 steps of the fused update (with the norm passed
+  in, as the train step does, and without) and of the reference chain, plus loop-fusion counts."""
+  params, grads = _small_tree()
+  lrs = jnp.asarray([1e-2 * (t + 1) / 8 for t in range(8)], jnp.float32)
+  out = {}
+  for case, section in FUSED_CASES.items():
+    o = ml_collections.ConfigDict(dict(name="adamw", b1=0.9, b2=0.98, eps=1e-6, weight_decay=0.01, clip_norm=1.0,
+                                       bias_correction=True, decay_mask="bert"))
+    o.update(section)
+    fused, ref = optim.make(o, lambda t: lrs[t]), optim.make(o, lambda t: lrs[t], fused=False)
+
+    def step(tx, p, s, g, pass_norm=False):
+      extra = {"global_norm": optax.tree.norm(g)} if pass_norm else {}
+      u, s = tx.update(g, s, p, **extra)
+      return optax.apply_updates(p, u), s
+
+    runs = {"fused": jax.jit(functools.partial(step, fused)), "reference": jax.jit(functools.partial(step, ref))}
+    if isinstance(fused, optax.GradientTransformationExtraArgs):
+      runs["fused_norm_given"] = jax.jit(functools.partial(step, fused, pass_norm=True))
+    result = {"structures": (jax.tree.structure(fused.init(params)), jax.tree.structure(ref.init(params)))}
+    for name, run in runs.items():
+      p, s, trace = jax.tree.map(jnp.asarray, params), fused.init(params), []
+      for g in grads:
+        p, s = run(p, s, g)
+        trace.append(jax.device_get((p, s)))
+      result[name] = trace
+    result["loops"] = {name: _loops(runs[name].lower(params, fused.init(params), grads[0]).compile())
+                       for name in ("fused", "reference")}
+    out[case] = result
+  return out
+
+
+@pytest.mark.parametrize("case", sorted(FUSED_CASES))
+def test_fused_update_equals_the_optax_chain_bit_for_bit(fused_runs, case):
+  run = fused_runs[case]
+  assert run["structures"][0] == run["structures"][1]  # same state tree: checkpoints load either way
+  for name in ("fused", "fused_norm_given"):
+    if name not in run:
+      continue
+    for t, (got, want) in enumerate(zip(run[name], run["reference"]), start=1):
+      for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(a, b, err_msg=f"{case} {name} step {t} {jax.tree_util.keystr(path)}")
+  assert not np.array_equal(jax.tree.leaves(run["reference"][0][0])[0], jax.tree.leaves(run["reference"][-1][0])[0])
+
+
+def test_fused_update_writes_fewer_intermediates(fused_runs):
+  """Loop fusions per leaf that the fused update saves: with clipping, the clipped gradient the reference writes out
+  (the fused update clips inside the moments' loops); LAMB's trust ratio also the two copies safe_norm writes per
+  adapted tensor; StableAdamW's RMS the bias-corrected v it shares with the update. AdamW without clipping: none."""
+  params = _small_tree()[0]
+  leaves, adapted = len(jax.tree.leaves(params)), sum(jax.tree.leaves(optim.decay_mask(params)))
+  saved = {"adamw_corrected_bert": leaves, "adamw_bert_rule": leaves, "lamb_albert": leaves + 2 * adapted,
+           "lamb_nvidia": leaves + 2 * adapted, "stableadamw": leaves, "adamw_no_clipping": 0}
+  for case, fewer in saved.items():
+    loops = fused_runs[case]["loops"]
+    assert loops["fused"] <= loops["reference"] - fewer, (case, loops)
+  assert fused_runs["adamw_no_clipping"]["loops"]["fused"] == fused_runs["adamw_no_clipping"]["loops"]["reference"]

@@ -40,6 +40,20 @@ correction) or NVIDIA's (apex FusedLAMB, with it): Adam's update plus decoupled 
 trust ratio ||w|| / ||update|| -- except for the parameters excluded from weight decay, which both references
 also exclude from layer adaptation. The trust ratio is taken per original tensor: per layer of a scanned
 `[layers, ...]` stack and per group of ALBERT's shared blocks, as the reference sees them.
+
+The fused update (`make`'s default; `fused=False` builds the plain optax chain, which the tests hold it to bit for
+bit) runs the same operations in fewer passes over memory. XLA:CPU (jaxlib 0.10) writes out every intermediate that
+two loops read unless its op is cheap (a divide is not), and emits no multi-output loop fusion by default, so every
+array the update writes is one loop. The chain wrote three such intermediates per parameter tensor: the clipped
+gradient (optax.clip_by_global_norm's divide, read by both moments), LAMB's copies of the parameter and update in
+optax's safe_norm, and StableAdamW's bias-corrected v (read by the RMS and the update). The fused path computes
+each where it is read: clipping inside the moments' stage (`scale_by_adam_clipped`), each moment dividing by its
+own copy of the norm (a scalar optimization barrier keeps XLA from merging the two divides); `trust_ratio_once`;
+StableAdamW's RMS on its own copies of the step count and gradients. Per tensor that leaves one loop per moment and
+one for the new parameter (bias correction, weight decay, trust ratio or RMS, learning rate and the parameter add
+in it), and the reductions. The train step hands the update the global norm it logs (`global_norm`), so clipping
+reads the gradients no second time. Same state tree as the chain (checkpoints load either way). Figures:
+docs/cpu.md, "The optimizer update".
 """
 
 from typing import NamedTuple
@@ -174,13 +188,51 @@ def scale_by_adam_moments(b1: float, b2: float, eps: float) -> optax.GradientTra
   return optax.GradientTransformation(init, update)
 
 
-def per_tensor_trust_ratio() -> optax.GradientTransformation:
+def clipped(grads, max_norm: float, norm, copies: int = 1) -> tuple:
+  """`copies` trees of `grads` clipped to global norm `max_norm` as optax.clip_by_global_norm clips them (the same
+  select and arithmetic), given their global `norm`; max_norm 0: the gradients as they are. Each copy divides by
+  its own copy of the norm (a scalar optimization barrier, free), so XLA fuses each copy's divide into the loop
+  that reads it instead of writing one clipped tree out for all of them (module docstring)."""
+  if not max_norm:
+    return (grads,) * copies
+  trigger = jnp.squeeze(norm < max_norm)
+  out = []
+  for i in range(copies):
+    n = norm if i == 0 else jax.lax.optimization_barrier(norm)
+    out.append(jax.tree.map(lambda t, n=n: jax.lax.select(trigger, t, (t / n.astype(t.dtype)) * max_norm), grads))
+  return tuple(out)
+
+
+def scale_by_adam_clipped(b1: float, b2: float, eps: float, bias_correction: bool,
+                          clip_norm: float) -> optax.GradientTransformationExtraArgs:
+  """Global-norm clipping (clip_norm 0: none) then Adam's moments and update, with the state and arithmetic of
+  optax.scale_by_adam (bias_correction) or scale_by_adam_moments, op for op: `make`'s fused path. Each moment reads
+  the gradients through its own `clipped` copy, so the clipped gradients are never written out. update takes
+  `global_norm=` (the gradients' global norm, when the caller has it: the train step logs it) to skip computing it."""
+
+  def update(grads, state, params=None, *, global_norm=None, **extra):
+    del params, extra
+    norm = optax.tree.norm(grads) if clip_norm and global_norm is None else global_norm
+    first, second = clipped(grads, clip_norm, norm, 2)
+    mu = optax.tree.update_moment(first, state.mu, b1, 1)
+    nu = optax.tree.update_moment_per_elem_norm(second, state.nu, b2, 2)
+    if not bias_correction:
+      return jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu), _MomentsState(mu, nu)
+    count = optax.safe_increment(state.count)
+    mu_hat, nu_hat = optax.tree.bias_correction(mu, b1, count), optax.tree.bias_correction(nu, b2, count)
+    updates = jax.tree.map(lambda m, v: m / (jnp.sqrt(v + 0.0) + eps), mu_hat, nu_hat)  # optax's eps_root 0.0
+    return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+  return optax.GradientTransformationExtraArgs(_adam(b1, b2, eps, bias_correction).init, update)
+
+
+def per_tensor_trust_ratio(fused: bool = False) -> optax.GradientTransformation:
   """optax.scale_by_trust_ratio applied to each original tensor: a stacked leaf gets one ratio per
-  slice of its leading axis (vmapped), any other leaf one ratio."""
+  slice of its leading axis (vmapped), any other leaf one ratio. `fused`: `trust_ratio_once` instead."""
   ratio = optax.scale_by_trust_ratio()
 
   def one(u, p):
-    return ratio.update(u, optax.EmptyState(), p)[0]
+    return trust_ratio_once(u, p) if fused else ratio.update(u, optax.EmptyState(), p)[0]
 
   def update(updates, state, params):
     per = lambda u, p, stacked: jax.vmap(one)(u, p) if stacked else one(u, p)
@@ -189,29 +241,41 @@ def per_tensor_trust_ratio() -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
 
 
+def trust_ratio_once(u, p):
+  """optax.scale_by_trust_ratio's update with its defaults (min_norm 0, coefficient 1, eps 0) on one tensor, each
+  norm taken once: its safe_norm takes a second norm of a copy with zero-norm tensors replaced by ones (for
+  gradients through the norm, which an optimizer step never takes), one more write, read and reduction of the
+  tensor. The ratio is the same: the norm where it is nonzero, and 1 where either norm is 0."""
+  p_norm, u_norm = jnp.linalg.norm(p), jnp.linalg.norm(u)
+  ratio = 1.0 * p_norm / (u_norm + 0.0)
+  return u * jnp.where(jnp.logical_or(p_norm == 0.0, u_norm == 0.0), jnp.array(1.0, dtype=p.dtype), ratio)
+
+
 def _adam(b1: float, b2: float, eps: float, bias_correction: bool) -> optax.GradientTransformation:
   return optax.scale_by_adam(b1, b2, eps) if bias_correction else scale_by_adam_moments(b1, b2, eps)
 
 
 def lamb(learning_rate, b1: float, b2: float, eps: float, weight_decay: float, bias_correction: bool = False,
-         mask=decay_mask) -> optax.GradientTransformation:
+         mask=decay_mask, moments=None) -> optax.GradientTransformation:
   """LAMB from optax's building blocks: ALBERT's (google-research/albert lamb_optimizer.py; no bias
-  correction) or, with bias_correction, NVIDIA's (apex multi_tensor_lamb.cu: m / (1 - b1^t), v / (1 - b2^t))."""
+  correction) or, with bias_correction, NVIDIA's (apex multi_tensor_lamb.cu: m / (1 - b1^t), v / (1 - b2^t)).
+  `moments`: the Adam stage (None: optax's or scale_by_adam_moments; make's fused path: scale_by_adam_clipped)."""
   return optax.chain(
-      _adam(b1, b2, eps, bias_correction),
+      moments or _adam(b1, b2, eps, bias_correction),
       optax.add_decayed_weights(weight_decay, mask=mask),
       # ALBERT: exclude_from_layer_adaptation defaults to exclude_from_weight_decay; apex: the trust ratio only
       # where the parameter group's weight decay is nonzero (use_nvlamb False).
-      optax.masked(per_tensor_trust_ratio(), mask),
+      optax.masked(per_tensor_trust_ratio(fused=moments is not None), mask),
       optax.scale_by_learning_rate(learning_rate),
   )
 
 
 def adam_weight_decay(learning_rate, b1: float, b2: float, eps: float, weight_decay: float,
-                      mask=decay_mask) -> optax.GradientTransformation:
+                      mask=decay_mask, moments=None) -> optax.GradientTransformation:
   """google-research/bert optimization.py AdamWeightDecayOptimizer (also ELECTRA's): update = m / (sqrt(v) +
-  eps) from moments without bias correction, plus weight_decay x w where the mask says, times the rate."""
-  return optax.chain(scale_by_adam_moments(b1, b2, eps), optax.add_decayed_weights(weight_decay, mask=mask),
+  eps) from moments without bias correction, plus weight_decay x w where the mask says, times the rate; with
+  `moments` (an Adam stage with optax.adamw's state), optax.adamw's chain around it."""
+  return optax.chain(moments or scale_by_adam_moments(b1, b2, eps), optax.add_decayed_weights(weight_decay, mask=mask),
                      optax.scale_by_learning_rate(learning_rate))
 
 
@@ -221,16 +285,20 @@ def per_tensor(fn, stacked: bool):
 
 
 def stable_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: float,
-                 mask=decay_mask) -> optax.GradientTransformation:
+                 mask=decay_mask, fused: bool = False) -> optax.GradientTransformation:
   """StableAdamW (Wortsman et al. 2023, Algorithm 2; optimi's StableAdamW, which ModernBERT trains with): optax's
   Adam moments and decoupled weight decay, the sum divided per tensor by max(1, RMS), RMS = sqrt(mean(g^2 /
-  max(v_hat, eps^2))), then scaled by the learning rate. Its state is Adam's (no extra buffer); always bias-corrected, as optimi's."""
+  max(v_hat, eps^2))), then scaled by the learning rate. Its state is Adam's (no extra buffer); always
+  bias-corrected, as optimi's. `fused`: the RMS reads its own copy of the step count (a scalar optimization
+  barrier), so its v_hat is a divide of its own that fuses into the RMS's reduction, not one that the update's
+  loop shares and XLA:CPU therefore writes out (module docstring); the same arithmetic."""
   inner = optax.chain(optax.scale_by_adam(b1, b2, eps), optax.add_decayed_weights(weight_decay, mask=mask))
 
   def update(grads, state, params):
     updates, state = inner.update(grads, state, params)
     adam = state[0]
-    nu_hat = optax.tree.bias_correction(adam.nu, b2, adam.count)
+    count, rms_grads = jax.lax.optimization_barrier((adam.count, grads)) if fused else (adam.count, grads)
+    nu_hat = optax.tree.bias_correction(adam.nu, b2, count)
 
     def clip(u, g, v, stacked):
       def one(u, g, v):
@@ -239,15 +307,33 @@ def stable_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: 
 
       return per_tensor(one, stacked)(u, g, v)
 
-    return jax.tree.map(clip, updates, grads, nu_hat, stacked_mask(grads)), state
+    return jax.tree.map(clip, updates, rms_grads, nu_hat, stacked_mask(grads)), state
 
   return optax.chain(optax.GradientTransformation(inner.init, update), optax.scale_by_learning_rate(learning_rate))
 
 
-def make(o, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
+def make(o, learning_rate: optax.ScalarOrSchedule, fused: bool = True) -> optax.GradientTransformation:
   """Global-norm clipping then AdamW, LAMB or StableAdamW, from an `optimizer` config section (name, b1, b2,
-  eps, weight_decay, clip_norm, bias_correction, decay_mask) and a learning rate or schedule."""
+  eps, weight_decay, clip_norm, bias_correction, decay_mask) and a learning rate or schedule. `fused` (the
+  default): the same operations in fewer passes over memory (module docstring; update takes `global_norm=`, the
+  gradients' global norm where the caller has it); False: the plain optax chain. Both have the same state."""
   mask, corrected = decay_mask_fn(_decay_kind(o)), _bias_correction(o)
+  if not fused:
+    return _reference(o, learning_rate, mask, corrected)
+  if o.name == "stableadamw":  # no clipping in its recipe: optax's clipping in front, where a config sets it
+    opt = stable_adamw(learning_rate, o.b1, o.b2, o.eps, o.weight_decay, mask, fused=True)
+    return optax.chain(optax.clip_by_global_norm(o.clip_norm), opt) if o.clip_norm else opt
+  moments = scale_by_adam_clipped(o.b1, o.b2, o.eps, corrected, o.clip_norm)
+  if o.name == "lamb":
+    opt = lamb(learning_rate, o.b1, o.b2, o.eps, o.weight_decay, corrected, mask, moments)
+  else:  # optax.adamw's chain, or BERT's AdamWeightDecayOptimizer: the moments' stage decides
+    opt = adam_weight_decay(learning_rate, o.b1, o.b2, o.eps, o.weight_decay, mask, moments)
+  # optax.identity where the reference clips (its state, EmptyState, is clip_by_global_norm's): same state tree.
+  return optax.chain(optax.identity(), opt) if o.clip_norm else opt
+
+
+def _reference(o, learning_rate, mask, corrected: bool) -> optax.GradientTransformation:
+  """make's optimizer as the plain optax chain: optax.clip_by_global_norm, then the optimizer."""
   if o.name == "lamb":
     opt = lamb(learning_rate, o.b1, o.b2, o.eps, o.weight_decay, corrected, mask)
   elif o.name == "stableadamw":
