@@ -129,8 +129,8 @@ def decay_mask(params):
   """True for the parameters weight decay (and LAMB's layer adaptation) applies to: not biases, not
   LayerNorm."""
 
-  def keep(path, _):
-    return getattr(path[-1], "key", None) not in _NO_DECAY
+  def keep(path, _):  # the parameter's name: its path's last key (a split leaf's parts end in a layer index)
+    return [getattr(k, "key", None) for k in path if hasattr(k, "key")][-1] not in _NO_DECAY
 
   return jax.tree_util.tree_map_with_path(keep, params)
 
