@@ -3,8 +3,8 @@
 The layer scan stacks each parameter of its layers on a leading [layers] axis (`layer.is_stacked`: the scanned
 `layers` scope and ALBERT's shared blocks). Where every layer runs unrolled (the CPU's default,
 `layer.all_unrolled`), the step reads static slice i of each stacked array for layer i and concatenates the
-layers' gradients back into [layers, ...]: a copy of every layer parameter and of its gradient, and the
-optimizer's passes over [layers, ...] arrays, each step. A state whose stacked leaves are kept as `Layers` (one
+layers' gradients back into [layers, ...]: a copy of every layer parameter and of its gradient each step
+(5-9% of a BERT-base CPU step, by a profile). A state whose stacked leaves are kept as `Layers` (one
 array per layer, `split`) avoids them: the step stacks them (`join`) right before the model, and XLA folds
 slice(concatenate(parts)) to part i, in the forward pass and in its transpose. The optimizer's state mirrors
 the split tree (optax works per leaf; a part is one original tensor, so LAMB's and StableAdamW's per-tensor

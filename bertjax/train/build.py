@@ -254,7 +254,7 @@ class Steps:
   # The state's layout: split per layer (bertjax.model.unstacked) or stacked, as checkpoints hold it. Each of these
   # is the identity on a stacked state.
   stored_state: object = None  # abstract_state stacked: what a checkpoint holds (restore target)
-  to_step: Callable = lambda state: state  # a stacked TrainState in the steps' layout (donates it)
+  to_step: Callable = lambda state: state  # a stacked TrainState in the steps' layout
   stored: Callable = lambda state: state  # a TrainState (or its params) in the steps' layout, stacked
 
 
@@ -357,7 +357,7 @@ def _split_steps(steps: Steps, model, tx, cfg, mesh, rules) -> Steps:
                   in_shardings=(shardings, steps.batch_sharding), out_shardings=(shardings, repl), donate_argnums=(0,))
   evaluate = jax.jit(functools.partial(step_lib.eval_step, model=model, cfg=cfg),
                      in_shardings=(shardings.params, steps.batch_sharding, repl), out_shardings=repl)
-  to_step = on_mesh(jax.jit(_split_state, out_shardings=shardings, donate_argnums=(0,)))
+  to_step = on_mesh(jax.jit(_split_state, out_shardings=shardings))
   stored_params = on_mesh(jax.jit(_join_state, out_shardings=steps.state_shardings.params))
   stored_state = on_mesh(jax.jit(_join_state, out_shardings=steps.state_shardings))
   stored = lambda x: (stored_state if hasattr(x, "opt_state") else stored_params)(x)  # a state, or its params
