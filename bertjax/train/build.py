@@ -288,7 +288,8 @@ def _split_abstract(abstract):
   slice (the stack's sharding without its leading axis)."""
   def part(x, i):
     s = x.sharding
-    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=jax.sharding.NamedSharding(s.mesh, type(s.spec)(*s.spec[1:])))
+    placed = jax.sharding.NamedSharding(s.mesh, type(s.spec)(*s.spec[1:]))
+    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=placed)
   return _split_state(abstract, part)
 
 

@@ -130,7 +130,7 @@ def decay_mask(params):
   LayerNorm."""
 
   def keep(path, _):  # the parameter's name: its path's last key (a split leaf's parts end in a layer index)
-    return [getattr(k, "key", None) for k in path if hasattr(k, "key")][-1] not in _NO_DECAY
+    return next((k.key for k in reversed(path) if hasattr(k, "key")), None) not in _NO_DECAY
 
   return jax.tree_util.tree_map_with_path(keep, params)
 
