@@ -153,3 +153,14 @@ def test_eval_on_split_params_equals_eval_on_stacked(runs):
   index = np.int32(0)
   _assert_equal(jax.device_get(split["steps"].eval(split["state"].params, batch, index)),
                 jax.device_get(stacked["steps"].eval(params, batch, index)))
+
+
+def test_progressive_transfer_gates_a_split_leaf_by_its_layer():
+  """MobileBERT's progressive transfer scales each layer's updates by its multiplier (compress.transfer.by_layer):
+  a split leaf's part i by multiplier i, as the stacked leaf's slice i."""
+  from bertjax.compress import transfer
+
+  tree = {"student": {"encoder": {"layers": {"w": jnp.arange(6.0).reshape(3, 2)}}, "mlm": {"b": jnp.ones(2)}}}
+  m = jnp.array([0.0, 1.0, 2.0])
+  gated = lambda t: jax.tree.map(jnp.multiply, t, transfer._multiplier_tree(t, m))
+  _assert_equal(unstacked.join(gated(unstacked.split(tree))), gated(tree))
