@@ -27,6 +27,7 @@ import optax
 
 from bertjax.compress import distill
 from bertjax.core.errors import UserError
+from bertjax.model import unstacked
 from bertjax.model.transfer import Transfer, lr_multipliers
 from bertjax.objectives.transfer import OBJECTIVES
 from bertjax.train import build, optim
@@ -74,6 +75,8 @@ def _multiplier_tree(tree, multipliers):
   def one(path, x):
     if not _is_layer(_keys(path)):
       return jnp.zeros((), x.dtype)
+    if unstacked.layer_of(path) is not None:  # one layer's part of a leaf split per layer
+      return multipliers[unstacked.layer_of(path)].astype(x.dtype)
     return multipliers.reshape((-1,) + (1,) * (x.ndim - 1)).astype(x.dtype)
   return jax.tree_util.tree_map_with_path(one, tree)
 

@@ -47,8 +47,10 @@ def per_step(c: EncoderConfig, x):
 
 def is_stacked(path) -> bool:
   """Whether the parameter at a tree path (jax key path) stacks one tensor per layer or per ALBERT group
-  on its leading axis: everything under a scanned `layers` scope or a shared block of the Encoder."""
-  return any(getattr(k, "key", None) in ("layers", *BLOCK_NAMES) for k in path)
+  on its leading axis: everything under a scanned `layers` scope or a shared block of the Encoder, unless the
+  path ends in a sequence index (one layer's array of a split leaf: bertjax.model.unstacked.Layers)."""
+  return (any(getattr(k, "key", None) in ("layers", *BLOCK_NAMES) for k in path)
+          and not isinstance(path[-1], jax.tree_util.SequenceKey))
 
 
 def shared_blocks(sharing: str) -> tuple[str, ...]:
@@ -146,3 +148,9 @@ def scan_layers(layer, c: EncoderConfig, length: int, broadcast: int = 0):
       metadata_params={nn.PARTITION_NAME: sh.LAYERS},
       unroll=min(layers_per_iteration(c), length // layers_per_step(c)),
   )
+
+
+def all_unrolled(c: EncoderConfig) -> bool:
+  """Whether the layer kind's stack is `scan_layers` with every layer unrolled (the CPU's default): each layer then
+  reads a static slice of the stacked parameters, which a state split per layer (bertjax.model.unstacked) saves."""
+  return kinds.of(c, "layer").scanned and layers_per_iteration(c) >= c.num_layers // layers_per_step(c)

@@ -92,7 +92,7 @@ def setup(config, batch_size: int = 0, batch: dict | None = None) -> Bench:
     raise UserError(f"batch_size={config.batch_size} is not divisible by the {n_dev} devices "
                     f"(x grad_accum_steps={config.grad_accum_steps}); use a multiple of {multiple}")
   mesh = sharding.make_mesh(config.sharding, overrides=dict(config.mesh))
-  steps = build.make_steps(config, mesh, SPM_SPECIAL, build.placeholder_counts(config))
+  steps = build.make_steps(config, mesh, SPM_SPECIAL, build.placeholder_counts(config), split=True)  # the loop's layout
   batch = synthetic_batch(config, config.batch_size) if batch is None else batch
   batch = jax.device_put(batch, steps.batch_sharding)
   fpt = flops.model_train_flops_per_token(steps.model, config.seq_len, steps.cfg.masking.max_predictions,

@@ -20,7 +20,7 @@ from bertjax.core import config as config_lib, sharding
 from bertjax.core.errors import UserError
 from bertjax.data import instances, prepare_lib
 from bertjax.data.tokenizer import SpecialIds
-from bertjax.model import config as model_config, kinds
+from bertjax.model import config as model_config, kinds, layer as layer_lib, unstacked
 from bertjax.model.pretrain import Pretrainer
 from bertjax.data import plm as plm_data
 from bertjax.objectives import masking, plm, wklm
@@ -251,6 +251,11 @@ class Steps:
   init: Jitted  # rng -> TrainState, created already sharded
   train: Jitted  # (state, batch) -> (state, metrics); donates state
   eval: Jitted  # (params, batch, index) -> metric sums
+  # The state's layout: split per layer (bertjax.model.unstacked) or stacked, as checkpoints hold it. Each of these
+  # is the identity on a stacked state.
+  stored_state: object = None  # abstract_state stacked: what a checkpoint holds (restore target)
+  to_step: Callable = lambda state: state  # a stacked TrainState in the steps' layout
+  stored: Callable = lambda state: state  # a TrainState (or its params) in the steps' layout, stacked
 
 
 def mesh_platform(mesh) -> str:
@@ -272,13 +277,42 @@ def placeholder_counts(config):
   return np.ones(config.model.vocab_size, np.int64) if masking.needs_counts(config) else None
 
 
-def make_steps(config, mesh, special: SpecialIds, token_counts=None) -> Steps:
+def splits_layers(config, platform: str) -> bool:
+  """Whether a training loop's state keeps its stacked leaves split per layer on `platform`: where every layer
+  of the model runs unrolled (the CPU's default; bertjax.model.unstacked)."""
+  return layer_lib.all_unrolled(model_config.encoder_config(config.model, platform=platform))
+
+
+def _split_abstract(abstract):
+  """A stacked abstract TrainState split per layer: each layer's part a ShapeDtypeStruct placed as its stack's
+  slice (the stack's sharding without its leading axis)."""
+  def part(x, i):
+    s = x.sharding
+    placed = jax.sharding.NamedSharding(s.mesh, type(s.spec)(*s.spec[1:]))
+    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=placed)
+  return _split_state(abstract, part)
+
+
+def _split_state(state, part=lambda x, i: x[i]):
+  return state.replace(params=unstacked.split(state.params, part), opt_state=unstacked.split(state.opt_state, part))
+
+
+def _join_state(state):
+  if not hasattr(state, "opt_state"):  # a params tree
+    return unstacked.join(state)
+  return state.replace(params=unstacked.join(state.params), opt_state=unstacked.join(state.opt_state))
+
+
+def make_steps(config, mesh, special: SpecialIds, token_counts=None, split: bool = False) -> Steps:
   """Builds model, optimizer and the jitted init/train/eval steps with explicit shardings on `mesh`.
 
   `special` are the run's tokenizer's special ids (masking never picks them); `token_counts` the corpus counts
   that masking.replace_dist=unigram and masking.smoothing draw from (step_config). Parameters are placed by
   their logical axis names through the config's sharding rules; the state is initialized already sharded
-  (jit with out_shardings), never built on one host and copied.
+  (jit with out_shardings), never built on one host and copied. `split`: the caller holds the state in the
+  steps' own layout (`Steps.stored` gives it stacked), so where every layer runs unrolled (`splits_layers`) its
+  stacked leaves are split per layer: no per-step slicing of the parameters and concatenation of their
+  gradients. Otherwise (and for every caller that reads the state's leaves itself) the state is stacked.
   """
   rules = sharding.config_rules(config)
   schedule = optim.lr_schedule(config)
@@ -307,5 +341,27 @@ def make_steps(config, mesh, special: SpecialIds, token_counts=None) -> Steps:
   init = on_mesh(init)
   if plugin:  # distillation: a fresh state holds the teacher's weights (and the student starts from them)
     init = plugin.init(init, config, shardings.params)
-  return Steps(model, tx, schedule, cfg, shardings, abstract, batch_sharding, init, on_mesh(train),
-               on_mesh(evaluate))
+  steps = Steps(model, tx, schedule, cfg, shardings, abstract, batch_sharding, init, on_mesh(train),
+                on_mesh(evaluate), stored_state=abstract)
+  return _split_steps(steps, model, tx, cfg, mesh, rules) if split and splits_layers(config, mesh_platform(mesh)) \
+      else steps
+
+
+def _split_steps(steps: Steps, model, tx, cfg, mesh, rules) -> Steps:
+  """`steps` for a state split per layer: train and eval jitted for its shardings, init giving it, and the
+  conversions from and to the stacked state."""
+  abstract = _split_abstract(steps.abstract_state)
+  shardings = jax.tree.map(lambda x: x.sharding, abstract)
+  repl = sharding.replicated(mesh)
+  on_mesh = functools.partial(Jitted, mesh=mesh, rules=rules)
+  train = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, cfg=cfg),
+                  in_shardings=(shardings, steps.batch_sharding), out_shardings=(shardings, repl), donate_argnums=(0,))
+  evaluate = jax.jit(functools.partial(step_lib.eval_step, model=model, cfg=cfg),
+                     in_shardings=(shardings.params, steps.batch_sharding, repl), out_shardings=repl)
+  to_step = on_mesh(jax.jit(_split_state, out_shardings=shardings))
+  stored_params = on_mesh(jax.jit(_join_state, out_shardings=steps.state_shardings.params))
+  stored_state = on_mesh(jax.jit(_join_state, out_shardings=steps.state_shardings))
+  stored = lambda x: (stored_state if hasattr(x, "opt_state") else stored_params)(x)  # a state, or its params
+  return dataclasses.replace(steps, state_shardings=shardings, abstract_state=abstract, train=on_mesh(train),
+                             eval=on_mesh(evaluate), init=lambda rng: to_step(steps.init(rng)), to_step=to_step,
+                             stored=stored)

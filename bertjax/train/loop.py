@@ -294,15 +294,18 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
   ckpt = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
   start = ckpt.latest_step() or 0
   current = config_lib.phase_at(config, start)
-  steps = build.make_steps(current.config, mesh, tok.special, counts)  # the phase's shapes; the state is every phase's
+  # The phase's shapes; the state is every phase's, held in the steps' layout (split per layer where every layer
+  # runs unrolled: build.make_steps), stacked for everything outside the steps (checkpoints, init_from, the caller).
+  steps = build.make_steps(current.config, mesh, tok.special, counts, split=True)
   if ckpt.latest_step() is not None:
-    state = ckpt.restore(steps.abstract_state)
+    state = steps.to_step(ckpt.restore(steps.stored_state))
     writer.info(f"resumed from {ckpt.directory} at step {int(state.step)}")
   else:
     state = steps.init(jax.random.key(config.seed))
     if config.init_from:  # a bertjax workdir, or a published checkpoint (hf:DIR): what it lacks stays fresh
-      params, report = load_init_params(config, state.params)
-      state = dataclasses.replace(state, params=params)
+      stored = steps.stored(state)
+      params, report = load_init_params(config, stored.params)
+      state = steps.to_step(dataclasses.replace(stored, params=params))
       for line in report:
         writer.info(line)
   man = manifest(config, tok, mesh, steps.model)
@@ -319,7 +322,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
     writer.write(step, {f"eval/{k}": v for k, v in finalize(jax.device_get(sums)).items()})
 
   def save(step: int):
-    ckpt.save(step, state, man, force=True)
+    ckpt.save(step, steps.stored(state), man, force=True)
 
   # ---------------------------------------------------------------- Train, phase by phase
   if config.init_from and start == 0:  # the starting point's eval (step 0): what continued training changes
@@ -333,7 +336,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
     for phase in plan[current.index:]:
       pc = phase.config
       if phase is not current:  # new shapes: the steps are rebuilt (and recompiled) for them
-        steps, current = build.make_steps(pc, mesh, tok.special, counts), phase
+        steps, current = build.make_steps(pc, mesh, tok.special, counts, split=True), phase
       data = datasets[pc.seq_len]
       tokens_per_step = pc.batch_size * pc.seq_len
       flops_per_token = flops.model_train_flops_per_token(
@@ -386,7 +389,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
           ckpt.close()
           writer.info(f"preempted: saved step {done} in {ckpt.directory}; run the same command to resume")
           writer.close()
-          return state
+          return steps.stored(state)
     ckpt.close()  # the last async save lands (or fails) here, inside the handler below
   except Exception as e:
     if checkpoint.is_disk_full(e):
@@ -405,4 +408,4 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
   finally:
     beacon.close()
   writer.close()
-  return state
+  return steps.stored(state)

@@ -143,8 +143,8 @@ def decay_mask(params):
   """True for the parameters weight decay (and LAMB's layer adaptation) applies to: not biases, not
   LayerNorm."""
 
-  def keep(path, _):
-    return getattr(path[-1], "key", None) not in _NO_DECAY
+  def keep(path, _):  # the parameter's name: its path's last key (a split leaf's parts end in a layer index)
+    return next((k.key for k in reversed(path) if hasattr(k, "key")), None) not in _NO_DECAY
 
   return jax.tree_util.tree_map_with_path(keep, params)
 

@@ -18,6 +18,7 @@ from flax import linen as nn
 
 from bertjax import objectives
 from bertjax.core.metrics import Mean, Sum
+from bertjax.model import unstacked
 from bertjax.objectives import masking, plm, wklm
 
 # Every random use in a step has its own stream; a stream's key is folded from (seed, step, the stream's
@@ -132,7 +133,10 @@ def _loss_fn(params, batch, rngs, model, cfg: StepConfig, *, deterministic: bool
   batch = dict(batch)
   memory = _memory_moved(batch.pop("memory", None), cfg.memory_axes, to_front=False)
   extra = {} if memory is None else {"memory": memory}
-  outputs = model.clone(deterministic=deterministic).apply({"params": params}, batch, rngs=rngs, **extra)
+  # A state split per layer (bertjax.model.unstacked) is stacked here, inside the step, where XLA folds the
+  # unrolled layers' slices of the stack (and their gradients' concatenation) away.
+  outputs = model.clone(deterministic=deterministic).apply({"params": unstacked.join(params)}, batch, rngs=rngs,
+                                                          **extra)
   total, metrics = objectives.total_loss(dict(cfg.objectives), outputs, batch, denominators)
   if memory is not None and "cmem_loss" in outputs:  # a microbatch's share of the batch's
     cmem = outputs["cmem_loss"] / cfg.grad_accum_steps
