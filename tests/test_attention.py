@@ -107,3 +107,19 @@ def test_fused_choice_with_attention_dropout_exits_2(tmp_path):
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert proc.returncode == 2 and len(lines) == 1 and "attention_dropout" in lines[0], proc.stderr[-2000:]
   assert not (tmp_path / "w").exists()
+
+
+def test_heads_first_dots_equal_the_token_major_einsums():
+  """mha's batched dots, run heads-first for XLA:CPU's sake (docs/cpu.md), give the scores, context and gradients
+  of the token-major einsums they replaced (fewer queries than keys, as a layer computing only some rows has)."""
+  from bertjax.model import mha
+
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.standard_normal((2, n, 3, 8)), jnp.float32) for n in (5, 7, 7))
+  old = lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(
+      jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)), v)
+  new = lambda q, k, v: mha.context_of(jax.nn.softmax(mha.scores_of(q, k)), v)
+  np.testing.assert_allclose(new(q, k, v), old(q, k, v), rtol=1e-6, atol=1e-6)
+  loss = lambda f: jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums=(0, 1, 2))
+  for got, want in zip(loss(new)(q, k, v), loss(old)(q, k, v)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
