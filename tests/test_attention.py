@@ -11,7 +11,7 @@ import pytest
 from flax import linen as nn
 
 from bertjax.core.errors import UserError
-from bertjax.model import attention as attention_lib, config as model_config
+from bertjax.model import attention as attention_lib, config as model_config, mha
 from bertjax.model.embeddings import Embeddings
 from bertjax.model.encoder import Encoder
 from bertjax.model.hparams import EncoderConfig
@@ -107,3 +107,22 @@ def test_fused_choice_with_attention_dropout_exits_2(tmp_path):
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert proc.returncode == 2 and len(lines) == 1 and "attention_dropout" in lines[0], proc.stderr[-2000:]
   assert not (tmp_path / "w").exists()
+
+
+def test_heads_first_dots_equal_the_token_major_einsums():
+  """mha's batched dots, run heads-first for XLA:CPU's sake (docs/cpu.md), give the scores, context and gradients
+  of the token-major einsums they replaced (fewer queries than keys, as a layer computing only some rows has)."""
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.standard_normal((2, n, 3, 8)), jnp.float32) for n in (5, 7, 7))
+  old = lambda q, k, v: jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(
+      jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)), v)
+  new = lambda q, k, v: mha.context_of(jax.nn.softmax(mha.scores_of(q, k)), v)
+  both = jax.jit(lambda f: jax.value_and_grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums=(0, 1, 2))(q, k, v),
+                 static_argnums=0)
+  np.testing.assert_allclose(jax.jit(new)(q, k, v), jax.jit(old)(q, k, v), rtol=1e-6, atol=1e-6)
+  for got, want in zip(jax.tree.leaves(both(new)), jax.tree.leaves(both(old))):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # Heads first: both dots batch over the leading (B, heads) axes of operands laid out [B, heads, S, head_dim].
+  dots = [e.params["dimension_numbers"] for e in jax.make_jaxpr(new)(q, k, v).jaxpr.eqns
+          if e.primitive.name == "dot_general"]
+  assert dots == [(((3,), (3,)), ((0, 1), (0, 1))), (((3,), (2,)), ((0, 1), (0, 1)))], dots

@@ -27,7 +27,7 @@ from bertjax.core.config import check
 from bertjax.model import kinds
 from bertjax.model.dropout import token_dropout
 from bertjax.model.layers import Block, dense
-from bertjax.model.mha import MHA, attention_bias
+from bertjax.model.mha import MHA, attention_bias, context_of, scores_of
 from bertjax.model.positions import PositionKind
 
 POSITIONS = ("descending", "ascending")
@@ -82,7 +82,7 @@ class ComplexOrder(PositionKind):
 def modulus_scores(qr, qi, kr, ki):
   """[B, H, Q, K]: |Q K^T| of complex queries and keys [B, S, H, D] given as real and imaginary parts, the product
   taken without a conjugate, as the authors' attention_complex.py does: (Qr Kr - Qi Ki) + i (Qr Ki + Qi Kr)."""
-  dot = lambda a, b: jnp.einsum("bqhd,bkhd->bhqk", a, b, preferred_element_type=jnp.float32)
+  dot = scores_of  # mha's batched dot, heads first
   square = jnp.square(dot(qr, kr) - dot(qi, ki)) + jnp.square(dot(qr, ki) + dot(qi, kr))
   positive = square > 0  # sqrt's gradient at 0 is infinite: 0 there
   return jnp.where(positive, jnp.sqrt(jnp.where(positive, square, 1.0)), 0.0)
@@ -105,7 +105,7 @@ class ComplexAttention(Block):
     probs = jax.nn.softmax(modulus_scores(qr, qi, kr, ki) * hd**-0.5 + mask, axis=-1)
     self.sow("intermediates", "attention_probs", probs)
     probs = token_dropout(c, c.attention_dropout, (2, 3))(probs, deterministic=self.deterministic).astype(c.dtype)
-    ctx = [jnp.einsum("bhqk,bkhd->bqhd", probs, v) for v in (vr, vi)]
+    ctx = [context_of(probs, v) for v in (vr, vi)]
     if head_gates is not None:
       ctx = [part * head_gates.astype(part.dtype)[:, None] for part in ctx]
     output = dense(c, (c.num_heads, hd), half, (sh.HEADS, sh.KV, sh.EMBED), "output", c.use_bias, out=True)

@@ -71,15 +71,14 @@ def multi_head(module, c, x, mask, head_gates=None, positions=None, layer_index=
     if at is not None:  # the queries' rows of the [B, 1, S, S] bias
       mask = jnp.take_along_axis(mask, at[:, None, :, None], axis=2)
     # Scores, mask and softmax in float32: bf16 softmax loses the small probabilities.
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-    probs = jax.nn.softmax(scores * c.head_dim**-0.5 + mask, axis=-1)
+    probs = jax.nn.softmax(scores_of(q, k) * c.head_dim**-0.5 + mask, axis=-1)
     if weights is not None:  # one [B, S, S] shared by every head, rows not renormalized
       probs = probs * weights[:, None]
     # Kept only when the caller asks for the "intermediates" collection (inference's attention maps);
     # otherwise sow does nothing.
     module.sow("intermediates", "attention_probs", probs)
     probs = token_dropout(c, c.attention_dropout, (2, 3))(probs, deterministic=module.deterministic)
-    ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
+    ctx = context_of(probs.astype(c.dtype), v)
   else:  # a fused kernel: no [B, H, S, S] array, no attention dropout (config validation sees to it)
     assert at is None, "query positions need the xla implementation (Encoder falls back to every position)"
     assert weights is None, "probability weights need the xla implementation (the kind's check refuses others)"
@@ -91,6 +90,25 @@ def multi_head(module, c, x, mask, head_gates=None, positions=None, layer_index=
               out=True)(ctx)
   out = token_dropout(c, c.dropout)(out, deterministic=module.deterministic)
   return xq, out
+
+
+def scores_of(q, k):
+  """Attention scores [B, heads, Q, K] in float32 of queries [B, Q, heads, head_dim] and keys [B, K, heads,
+  head_dim]. The operands go heads-first ([B, heads, S, head_dim]) before the batched dot: XLA:CPU otherwise
+  lays the keys out as [B, heads, head_dim, K], a slower copy, and the attention forward ran 1.5x slower
+  (docs/cpu.md, "Attention layout"); elsewhere XLA puts batch dimensions first anyway."""
+  return jnp.einsum("bhqd,bhkd->bhqk", heads_first(q), heads_first(k), preferred_element_type=jnp.float32)
+
+
+def context_of(probs, v):
+  """The values [B, K, heads, head_dim] mixed by the probabilities [B, heads, Q, K]: [B, Q, heads, head_dim],
+  computed heads-first as `scores_of`'s dot."""
+  return heads_first(jnp.einsum("bhqk,bhkd->bhqd", probs, heads_first(v)))
+
+
+def heads_first(x):
+  """[B, S, heads, head_dim] <-> [B, heads, S, head_dim] (its own inverse)."""
+  return jnp.swapaxes(x, 1, 2)
 
 
 def layer_is_local(c, layer_index):

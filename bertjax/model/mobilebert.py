@@ -19,14 +19,13 @@ shared bottleneck nor bottleneck attention, queries and keys read x, as the refe
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 from flax import linen as nn
 
 from bertjax.core import sharding as sh
 from bertjax.core.config import check as require
 from bertjax.model import attention as attention_lib
 from bertjax.model import ffn as ffn_lib
-from bertjax.model import kinds
+from bertjax.model import kinds, mha
 from bertjax.model.dropout import token_dropout
 from bertjax.model.layers import Block, dense, rows_at
 
@@ -53,13 +52,12 @@ class BottleneckAttention(Block):
     q, k, v = proj(qk, "query"), proj(qk, "key"), proj(v, "value")
     if c.attention == "xla":
       # Scores, mask and softmax in float32 (as mha's).
-      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-      scores = scores * c.head_dim**-0.5 + mask
+      scores = mha.scores_of(q, k) * c.head_dim**-0.5 + mask
       probs = jax.nn.softmax(scores, axis=-1)
       self.sow("intermediates", "attention_probs", probs)
       self.sow("intermediates", "attention_scores", scores)  # progressive transfer's attention loss (compress/transfer.py)
       probs = token_dropout(c, c.attention_dropout, (2, 3))(probs, deterministic=self.deterministic)
-      ctx = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(c.dtype), v)
+      ctx = mha.context_of(probs.astype(c.dtype), v)
     else:
       ctx = attention_lib.fused(c.attention, q, k, v, mask, c.head_dim**-0.5, local=False,
                                 half_window=0).astype(c.dtype)
