@@ -51,6 +51,8 @@ SETTINGS = {
     "ynn_dgrad": ("", {"model.dense_grad": "transposed"}),
     "ynn_dgrad_eltwise": ("--xla_cpu_experimental_ynn_fusion_type=+dot,+eltwise", {"model.dense_grad": "transposed"}),
     "vw512": ("--xla_cpu_prefer_vector_width=512", {}),
+    # Issue #49's dropout lever, taken back: the reference Threefry masks instead of the CPU's lowbias32.
+    "threefry_masks": ("", {"model.dropout_rng": "threefry"}),
     "onednn_vw512": (f"{_ONEDNN}dot {_YNN_OFF} --xla_cpu_prefer_vector_width=512", {}),
 }
 MAIN_SETTINGS = ["xla", "default", "unrolled", "onednn", "onednn_eltwise", "ynn_eltwise", "ynn_dgrad", "vw512"]
