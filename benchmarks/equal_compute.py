@@ -47,15 +47,23 @@ DATA = os.path.join(os.path.dirname(REPO), "shared", "data")  # beside the check
 if not os.path.isdir(DATA):
   DATA = "/work/shared/data"
 
-# Sizes of a scale: the encoder (layers, hidden; heads of 64), rows, vocabulary, the FLOPs budget, the text, and the
-# fine-tuning rows (train, eval; 0: all) and epochs per task. `cpu` fits a 2-core machine in about 30 minutes a
-# method (docs/benchmarks.md: how it was sized); `accelerator` is the same recipe at ELECTRA-Small's depth.
+ALL_TEXT = tuple(f"wiki-0{i}.txt" for i in range(3)) + tuple(f"books-0{i}.txt" for i in range(5))  # 95 MB
+
+# Sizes of a scale: the encoder (layers, hidden; heads of 64), rows, vocabulary, the FLOPs budget, the text (the
+# first `mb` MB of each of `files`, default wiki-00 and books-00, and the share of its documents held out for the eval
+# figure), and the fine-tuning rows (train, eval; 0: all) and epochs per task. `cpu` fits a 2-core machine in about
+# 30 minutes a method (docs/benchmarks.md: how it was sized); `accelerator` is the same recipe at ELECTRA-Small's
+# depth and width on all the text; `micro` is a smoke test (a few steps of a 2 x 64 encoder; the slow test).
 SCALES = {
+    "micro": dict(layers=2, hidden=64, seq_len=64, batch=8, vocab=1000, dtype="float32", budget=2e9, mb=0.1,
+                  eval_fraction=0.1, tasks=dict(sst2=(200, 100, 1.0), rte=(100, 100, 1.0), wikiann=(100, 100, 1.0),
+                                                squad=(100, 50, 1.0))),
     "cpu": dict(layers=4, hidden=256, seq_len=128, batch=32, vocab=8000, dtype="float32", budget=3e13, mb=4.0,
-                tasks=dict(sst2=(2000, 0, 2.0), rte=(0, 0, 1.0), wikiann=(1500, 1000, 2.0), squad=(600, 300, 2.0))),
-    "accelerator": dict(layers=12, hidden=256, seq_len=128, batch=128, vocab=16000, dtype="bfloat16", budget=1e17,
-                        mb=20.0, tasks=dict(sst2=(0, 0, 3.0), rte=(0, 0, 10.0), wikiann=(0, 0, 3.0),
-                                        squad=(0, 0, 2.0))),
+                eval_fraction=0.02, tasks=dict(sst2=(800, 0, 2.0), rte=(600, 0, 1.0), wikiann=(800, 500, 2.0),
+                                               squad=(200, 200, 1.0))),
+    "accelerator": dict(layers=12, hidden=256, seq_len=128, batch=128, vocab=16000, dtype="bfloat16", budget=1e16,
+                        mb=25.0, files=ALL_TEXT, eval_fraction=0.01,
+                        tasks=dict(sst2=(0, 0, 3.0), rte=(0, 0, 10.0), wikiann=(0, 0, 3.0), squad=(0, 0, 2.0))),
 }
 
 # name: (config preset, its overrides at the scale's sizes). Every method starts from its family's CPU recipe.
@@ -110,7 +118,7 @@ def method_overrides(name: str, scale: dict, text: str, tokenizer: str, args) ->
        "model.intermediate_size": 4 * h, "model.vocab_size": scale["vocab"], "model.dtype": scale["dtype"],
        "batch_size": scale["batch"], "seq_len": scale["seq_len"], "seed": 0,
        "data.source": text, "data.split_paragraphs": True, "data.tokenizer": tokenizer, "data.dupe_factor": 1,
-       "data.eval_fraction": 0.02}
+       "data.eval_fraction": scale["eval_fraction"]}
   if name == "modernbert":  # GeGLU: each of its two halves 8H/3 wide (rounded to 32), the MLP's parameters
     o["model.intermediate_size"] = max(32, round(8 * h / 3 / 32) * 32)
   if name == "lite":  # the Lite Transformer's FFN is as wide as the model (configs/lite.py's variants)
@@ -158,7 +166,8 @@ def shared_tokenizer(config, work: str) -> str:
   """spm:PATH of the one SentencePiece vocabulary, trained once on the text's training documents."""
   from bertjax.data import prepare_lib, trees
 
-  directory = os.path.join(work, "tokenizer")
+  key = zlib.crc32(f"{config.data.source} {config.data.tokenizer_model} {config.model.vocab_size}".encode())
+  directory = os.path.join(work, f"tokenizer-{key:08x}")  # another text or size: another vocabulary
   path = os.path.join(directory, "tokenizer.model")
   if not os.path.isfile(path):
     os.makedirs(directory, exist_ok=True)
@@ -252,7 +261,7 @@ def task_data(task: str, args, scale: dict) -> dict:
   if task == "squad":
     import qa_parity
 
-    out = os.path.join(args.workdir, "squad")
+    out = os.path.join(args.workdir, f"squad-{n_train}-{n_eval}")
     if not os.path.isfile(os.path.join(out, "v1", "dev-v1.1.json")):
       split = argparse.Namespace(train_questions=n_train, eval_questions=n_eval, **{
           k: SQUAD[k] for k in ("train_articles", "eval_articles")})
@@ -287,7 +296,7 @@ def finetune(name: str, task: str, record: dict, args, scale: dict) -> list:
   preset, metric, _ = TASKS[task]
   c = config_lib.load(os.path.join(REPO, f"configs/finetune.py:{preset}"))
   keys = dict(RECIPE, **task_data(task, args, scale), seed=0, seeds=1, seq_len=scale["seq_len"],
-              epochs=scale["tasks"][task][2], **{"init.checkpoint": record["workdir"]})
+              epochs=scale["tasks"][task][2], bucket_lengths=args.buckets, **{"init.checkpoint": record["workdir"]})
   for k, v in keys.items():
     set_key(c, k, v)
   train.validate(c)
@@ -313,7 +322,8 @@ def table(rows: dict, tasks: list, args, scale: dict) -> str:
   s = scale
   lines = [f"equal compute: {args.budget:.3g} training FLOPs per method (bertjax.model.flops); encoder {s['layers']} "
            f"layers x {s['hidden']} ({max(1, s['hidden'] // 64)} heads), rows of {s['seq_len']}, batch {s['batch']}, "
-           f"one SentencePiece vocabulary of {s['vocab']}; text {s['mb']:g} MB each of wiki-00 and books-00",
+           f"one SentencePiece vocabulary of {s['vocab']}; text: the first {s['mb']:g} MB of each of "
+           f"{', '.join(s.get('files', ('wiki-00.txt', 'books-00.txt')))}",
            f"fine-tuning: lr {RECIPE['learning_rate']:g}, batch {RECIPE['batch_size']}, seq {s['seq_len']}, seeds "
            f"0..{args.seeds - 1} paired, median dev score; " + "; ".join(
                f"{t} {s['tasks'][t][0] or 'all'} train / {s['tasks'][t][1] or 'all'} dev x {s['tasks'][t][2]:g} epochs"
@@ -347,6 +357,8 @@ def main(argv=None) -> dict:
   p.add_argument("--train_rows", type=int, default=-1,
                  help="fine-tuning rows (SQuAD: questions) per task, all tasks (-1: the scale's; 0: all)")
   p.add_argument("--eval_rows", type=int, default=-1, help="dev rows per task, all tasks (-1: the scale's; 0: all)")
+  p.add_argument("--buckets", default="auto", help="fine-tuning length buckets (bucket_lengths; none: one compile "
+                 "per task at seq_len, for micro runs whose compiles outweigh their steps)")
   p.add_argument("--lr", type=float, default=0.0, help="pretraining peak rate for every method (0: each one's own)")
   p.add_argument("--data_dir", default=DATA, help="pretrain/, glue/, ner/, squad/ as ../shared/data lays them out")
   p.add_argument("--workdir", default="/tmp/bertjax-equal-compute")
@@ -373,7 +385,9 @@ def main(argv=None) -> dict:
 
   os.makedirs(os.path.join(args.workdir, "pretrain"), exist_ok=True)
   t_all = time.time()
-  text = text_slice(pretrain_dir, scale["mb"], os.path.join(args.workdir, f"text-{scale['mb']:g}mb"))
+  files = scale.get("files", ("wiki-00.txt", "books-00.txt"))
+  text = text_slice(pretrain_dir, scale["mb"], os.path.join(args.workdir, f"text-{len(files)}x{scale['mb']:g}mb"),
+                    files)
   tokenizer = shared_tokenizer(load_config(METHODS["bert"][0], method_overrides("bert", scale, text, "", args)),
                                args.workdir)
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
