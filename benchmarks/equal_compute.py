@@ -207,15 +207,20 @@ def eval_figure(metrics: dict) -> str:
   return "-"
 
 
+def size_of(scale: dict) -> dict:
+  """What a pretraining record must match to be reused: the model and rows of the scale."""
+  return {k: scale[k] for k in ("layers", "hidden", "seq_len", "batch", "vocab", "dtype")}
+
+
 def pretrain(name: str, args, scale: dict, text: str, tokenizer: str, env: dict) -> dict:
   """Pretrains `name` for the budget (skipped when WORK/pretrain/NAME.json exists); its record."""
   done = os.path.join(args.workdir, "pretrain", f"{name}.json")
   if os.path.isfile(done):
     with open(done) as f:
       record = json.load(f)
-    if record["budget"] != args.budget:
-      sys.exit(f"error: {done} was trained for a budget of {record['budget']:g} FLOPs, not {args.budget:g}; "
-               "use another --workdir")
+    if (record["budget"], record["size"]) != (args.budget, size_of(scale)):
+      sys.exit(f"error: {done} was trained for {record['budget']:g} FLOPs at {record['size']}, not {args.budget:g} "
+               f"at {size_of(scale)}; use another --workdir")
     print(f"[{name}] pretraining: finished earlier ({done}), skipped", flush=True)
     return dict(record, skipped=True)
   preset = METHODS[name][0]
@@ -245,7 +250,7 @@ def pretrain(name: str, args, scale: dict, text: str, tokenizer: str, env: dict)
   seconds = time.time() - t0
   with open(os.path.join(run_dir, "metrics.jsonl")) as f:
     evals = [m for m in map(json.loads, f) if any(k.startswith("eval/") for k in m)]
-  record = dict(method=name, preset=preset, overrides=overrides, budget=args.budget, steps=steps,
+  record = dict(method=name, preset=preset, overrides=overrides, budget=args.budget, size=size_of(scale), steps=steps,
                 flops_per_token=fpt, flops_per_step=per_step, flops=steps * per_step, params=params,
                 wall_seconds=seconds, eval=evals[-1] if evals else {}, workdir=run_dir, command=command)
   with open(done, "w") as f:

@@ -48,7 +48,7 @@ def test_two_methods_at_equal_flops_then_a_rerun_skips_them(tmp_path):
   bench = _module()
   data = _data(tmp_path / "data")
   argv = ["--scale=micro", "--methods=bert,electra", "--tasks=sst2", "--seeds=1", f"--data_dir={data}",
-          f"--workdir={tmp_path / 'work'}", "--quiet"]
+          f"--workdir={tmp_path / 'work'}", "--quiet", "--buckets=none"]
   out = bench.main(argv)
   budget = bench.SCALES["micro"]["budget"]
   rows = out["rows"]
