@@ -126,7 +126,8 @@ def method_overrides(name: str, scale: dict, text: str, tokenizer: str, args) ->
   if name == "xlnet":  # streams of seq_len windows, half of each continuing the previous one (tiny's ratios)
     s = scale["seq_len"]
     o.update({"model.xlnet.reuse_len": s // 2, "model.xlnet.mem_len": 3 * s // 4, "data.perm_size": s // 2,
-              "data.num_predict": s // 6, "masking.max_predictions": s // 6})
+              "data.num_predict": s // 6, "masking.max_predictions": s // 6,
+              "eval_batch_size": max(1, scale["batch"] // 4)})  # eval streams: fewer, so a short eval text has enough
   if name == "ernie":
     o["data.units"] = f"conll:{os.path.join(args.data_dir, 'ner', 'wikiann-en', 'train')}"
   if args.lr:
