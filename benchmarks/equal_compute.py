@@ -283,14 +283,17 @@ def task_data(task: str, args, scale: dict) -> dict:
 
 
 def finetune(name: str, task: str, record: dict, args, scale: dict) -> list:
-  """Fine-tunes `name`'s pretrained model on `task` once per seed (each seed skipped when its JSON exists)."""
+  """Fine-tunes `name`'s pretrained model on `task` once per seed (a seed skipped when its JSON holds this plan)."""
   out = os.path.join(args.workdir, "finetune", name, task)
   files = {s: os.path.join(out, f"seed_{s}.json") for s in range(args.seeds)}
+  # A finished seed is reused only under the same rows, epochs, length and recipe.
+  plan = dict(rows=list(scale["tasks"][task]), seq_len=scale["seq_len"], recipe=RECIPE)
   results, todo = {}, []
   for s, path in files.items():
-    if os.path.isfile(path):
-      with open(path) as f:
-        results[s] = dict(json.load(f), skipped=True)
+    with open(path) if os.path.isfile(path) else open(os.devnull) as f:
+      done = json.loads(f.read() or "{}")
+    if done.get("plan") == plan:
+      results[s] = dict(done, skipped=True)
     else:
       todo.append(s)
   if not todo:
@@ -316,7 +319,7 @@ def finetune(name: str, task: str, record: dict, args, scale: dict) -> list:
     metrics = train.run_seed(c, s, setup, out)
     results[s] = dict(metrics=metrics, score=metrics[metric], metric=metric, seed=s, steps=setup["total"],
                       train_examples=info["train_examples"], eval_examples=info["eval_examples"],
-                      epochs=c.epochs, seconds=time.time() - t1)
+                      epochs=c.epochs, seconds=time.time() - t1, plan=plan)
     with open(files[s], "w") as f:
       json.dump(results[s], f, indent=1)
     print(f"[{name}] {task} seed {s}: {metric} {metrics[metric]:.4f} ({results[s]['seconds']:.0f} s)", flush=True)

@@ -43,7 +43,7 @@ def _data(root) -> str:
   return str(root)
 
 
-@pytest.mark.slow  # two pretraining commands (a JAX start and a compile each) and fine-tuning: 164 s, loaded 2 cores
+@pytest.mark.slow  # two pretraining commands (a JAX start and a compile each) and fine-tuning: 26-164 s on 2 cores
 def test_two_methods_at_equal_flops_then_a_rerun_skips_them(tmp_path):
   bench = _module()
   data = _data(tmp_path / "data")
