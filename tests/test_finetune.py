@@ -121,17 +121,21 @@ def _pair_task(directory, n_train=3000, n_eval=300):
   return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(words)
 
 
-def pair_task_and_checkpoint(tmp_path):
+def pair_task_and_checkpoint(tmp_path, n_train=3000, **model):
   """(task dir, HF checkpoint dir): the generated pair task and a randomly initialized tiny BERT over its
-  WordPiece vocabulary, written as an HF checkpoint (fine-tuning reads it through the importer)."""
+  WordPiece vocabulary (`model`: other model keys), written as an HF checkpoint (fine-tuning reads it through the
+  importer)."""
   from bertjax.data.tokenizer_spec import load_tokenizer
 
   task_dir, ckpt = tmp_path / "task", str(tmp_path / "hf")
   task_dir.mkdir()
-  vocab = _pair_task(str(task_dir))
+  vocab = _pair_task(str(task_dir), n_train)
   (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
   pre = micro("configs/bert.py:tiny")
   pre.model.vocab_size = len(vocab)
+  pre.model.update(model)
+  if pre.model.type_vocab_size < 2:  # no sentence pairs to pretrain on: no NSP head
+    pre.objectives.nsp = 0.0
   convert.write_hf(pre, convert.init_params(pre, seed=0), ckpt, load_tokenizer(f"wordpiece:{tmp_path / 'vocab.txt'}"))
   return task_dir, ckpt
 
@@ -168,6 +172,22 @@ def test_tiny_model_learns_a_generated_pair_task(tmp_path, capsys):
   _, model, params = cls_model.load_model(str(tmp_path / "ft" / "seed_1" / ft_model.MODEL_DIR))
   evals = train.prepare(config)["eval"]
   assert train.predict(params, evals, model, 64).argmax(-1).__eq__(evals["label"]).mean() == accs[1]
+
+
+def test_a_one_segment_model_reads_a_pairs_second_segment_as_type_0(tmp_path):
+  """RoBERTa's shape (one segment type) fine-tuned on pairs: the tokenizer gives segment B type 1, past the
+  model's table (its embedding would be NaN, and so every loss); the trainer reads it as type 0, as RoBERTa's own
+  tokenizer encodes a pair."""
+  task_dir, ckpt = pair_task_and_checkpoint(tmp_path, n_train=64, type_vocab_size=1)
+  config = load_config("configs/finetune.py:tiny")
+  config.task.name, config.task.text_a, config.task.text_b = "pairs", "sentence1", "sentence2"
+  config.task.source, config.init.checkpoint, config.seq_len = f"tsv:{task_dir}", ckpt, 32
+  setup = ft_train.prepare(config)
+  assert setup["cfg"].type_vocab_size == 1
+  for arrays in (setup["train"], setup["eval"]):
+    assert arrays["type_ids"].max() == 0 and arrays["groups"].sum(1).min() > 6  # pairs, all of type 0
+  two = ft_train.fit_type_ids({"type_ids": np.array([[0, 0, 1, 1, 0]])}, 2)["type_ids"]
+  np.testing.assert_array_equal(two, [[0, 0, 1, 1, 0]])  # a model with both types keeps them
 
 
 def test_a_workdir_without_a_pooler_has_no_extra_pooler(tmp_path):

@@ -177,6 +177,10 @@ def test_config_checks_are_one_line_with_the_fix():
       build.validate(micro("configs/lite.py:tiny", **{key: value}))
   with pytest.raises(UserError, match="lsra has no transformers equivalent"):
     kinds.hf_family(good.model)
+  # What fine-tuning asks (a family's own head or SQuAD path): none, so BERT's; a BERT config keeps its family.
+  from bertjax.hf import configs as hf_configs
+
+  assert hf_configs.family_if_any(good) == "" and hf_configs.family_if_any(micro("configs/bert.py:tiny")) == "bert"
 
 
 @pytest.mark.slow  # a train-step compile (~20 s on two cores); the block's gradient is checked in the normal tier

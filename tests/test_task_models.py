@@ -144,5 +144,6 @@ def test_auto_head_is_the_checkpoint_family_s_own():
   config = load_config("configs/finetune.py:tiny")
   assert config.model.head == "auto"
   kinds = {spec: classification.head_kind(config, types.SimpleNamespace(config=load_config(f"configs/{spec}.py:tiny")))
-           for spec in ("bert", "roberta", "electra", "albert")}
-  assert kinds == {"bert": "pooler", "roberta": "roberta", "electra": "electra", "albert": "pooler"}
+           for spec in ("bert", "roberta", "electra", "albert", "lite", "tree")}
+  assert kinds == {"bert": "pooler", "roberta": "roberta", "electra": "electra", "albert": "pooler", "lite": "pooler",
+                   "tree": "pooler"}  # kinds of no transformers family: BERT's

@@ -327,6 +327,15 @@ def summarize(per_seed: list) -> dict:
   return out
 
 
+def fit_type_ids(arrays: dict, type_vocab_size: int) -> dict:
+  """`arrays`' segment ids cut to the encoder's table, in place: a model of one segment type (RoBERTa's shape) reads
+  a pair's second segment as type 0, as RoBERTa's own tokenizer encodes it (bertjax's tokenizers give it type 1,
+  and an id past the table embeds as NaN). Without a table (type_vocab_size 0) the ids are unread."""
+  if type_vocab_size and "type_ids" in arrays:
+    arrays["type_ids"] = np.minimum(arrays["type_ids"], type_vocab_size - 1).astype(arrays["type_ids"].dtype)
+  return arrays
+
+
 def prepare(config) -> dict:
   """Everything the seeds share: checkpoint, encoder config, the task's encoded splits, step counts. The task's
   files are read and checked first, so a bad one fails in seconds, before the checkpoint is loaded."""
@@ -341,6 +350,8 @@ def prepare(config) -> dict:
   _check(config.model.quantize != "q8bert" or cfg.sharing == "none",
          f"model.quantize=q8bert needs unshared layers; this checkpoint shares them (sharing={cfg.sharing})")
   data = task.prepare(config, loaded, raw)
+  for arrays in (data.train, data.eval):
+    fit_type_ids(arrays, cfg.type_vocab_size)
   total, warmup = step_counts(config, len(data.train["input_ids"]))
   longest = batches.batch_longest(batches.row_lengths(data.train), total, config,
                                   [config.seed + s for s in range(config.seeds)])

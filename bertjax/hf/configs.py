@@ -148,6 +148,12 @@ def family_for(config) -> str:
   return "bert"
 
 
+def family_if_any(config) -> str:
+  """`family_for`, or "" for a model of a kind no transformers family holds (tree or constituent attention, LSRA):
+  what a task asks to pick a family's own head or path, where such a model takes BERT's."""
+  return "" if any(k.hf_family == "" for k in kinds.chosen(config.model).values()) else family_for(config)
+
+
 def to_hf(config, family: str, architecture: str, special, generator: bool = False) -> dict:
   """config.json of one exported network (for ELECTRA, the discriminator or, with `generator`, the generator)."""
   m = config.model

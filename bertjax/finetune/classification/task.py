@@ -66,9 +66,7 @@ def head_kind(config, loaded) -> str:
   """The head to build: model.head, with auto -> the checkpoint family's own sequence-classification head
   (ElectraForSequenceClassification's, RobertaForSequenceClassification's, ModernBertForSequenceClassification's,
   DistilBertForSequenceClassification's for DistilBERT's shape: no segment embeddings), else BERT's pooler."""
-  # Kinds of no transformers family (tree, constituent attention) get BERT's head.
-  family = hf_configs.family_for(loaded.config) if not any(
-      k.hf_family == "" for k in kinds.chosen(loaded.config.model).values()) else ""
+  family = hf_configs.family_if_any(loaded.config)  # kinds of no transformers family (tree, LSRA) get BERT's head
   if config.model.head != "auto":
     _check((config.model.head == "xlnet") == (family == "xlnet"),
            f"model.head={config.model.head!r} does not fit a {family} checkpoint; set --config.model.head=auto")

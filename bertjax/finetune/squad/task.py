@@ -70,7 +70,7 @@ def prepare(config, loaded, raw: tuple | None = None) -> TaskData:
   checkpoint's tokenizer and prints the first line of output: questions, windows, and the training answers no
   token span can reproduce (left out of training, as run_squad.py does, but counted here instead of silently)."""
   t, tok = config.task, loaded.tokenizer
-  xlnet = hf_configs.family_for(loaded.config) == "xlnet"  # transformers' XLNetForQuestionAnsweringSimple
+  xlnet = hf_configs.family_if_any(loaded.config) == "xlnet"  # transformers' XLNetForQuestionAnsweringSimple
   _check(not xlnet or not (t.answerable_head or config.get("save_model", False)),
          "an XLNet checkpoint fine-tunes the simple span head only, unsaved: set --config.task.answerable_head=False "
          "and --config.save_model=False")
