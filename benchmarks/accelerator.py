@@ -439,7 +439,8 @@ def attention_check(args) -> dict:
     for impl in ("xla", fused):
       config.model.attention = impl
       setup = bench.setup(config, batch=batch)
-      params = setup.steps.init(jax.random.key(0)).params if params is None else params  # the same weights
+      if params is None:  # the same weights for both; stacked, the layout model.apply takes (the steps' may be split)
+        params = setup.steps.stored(setup.steps.init(jax.random.key(0)).params)
       masked = step_lib.eval_batch(setup.batch, 0, setup.steps.cfg)
       model = setup.steps.model
       masked = jax.device_get(masked)
