@@ -13,7 +13,6 @@ hands it. Prints a table and one JSON line. Holds two or three copies of the par
 """
 
 import argparse
-import functools
 import json
 import os
 import statistics
