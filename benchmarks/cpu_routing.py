@@ -51,6 +51,10 @@ SETTINGS = {
     "ynn_dgrad": ("", {"model.dense_grad": "transposed"}),
     "ynn_dgrad_eltwise": ("--xla_cpu_experimental_ynn_fusion_type=+dot,+eltwise", {"model.dense_grad": "transposed"}),
     "vw512": ("--xla_cpu_prefer_vector_width=512", {}),
+    # YNNPACK for each dot alone (no elementwise producers, consumers or reductions in its fusion), and YNNPACK off
+    # (Eigen for every dot).
+    "ynn_individual": ("--xla_cpu_experimental_ynn_fusion_type=individual_dot", {}),
+    "eigen": (_YNN_OFF, {}),
     # Issue #49's dropout lever, taken back: the reference Threefry masks instead of the CPU's lowbias32.
     "threefry_masks": ("", {"model.dropout_rng": "threefry"}),
     "onednn_vw512": (f"{_ONEDNN}dot {_YNN_OFF} --xla_cpu_prefer_vector_width=512", {}),

@@ -147,7 +147,8 @@ class Bertjax:
 
     out = np.zeros((*self.data["input_ids"].shape, self.loaded.config.model.hidden_size), np.float32)
     for rows, b in batches.eval_batches(self.data, self.batch_size, self.layout):
-      h = inference.hidden_states(self.loaded.config, self.loaded.params, b["input_ids"], b["type_ids"], b["groups"])
+      h = inference.hidden_states(self.loaded.config, self.loaded.run_params, b["input_ids"], b["type_ids"],
+                                  b["groups"])
       out[rows, :h.shape[1]] = h[:len(rows)]
     return out
 

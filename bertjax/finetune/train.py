@@ -26,7 +26,7 @@ from bertjax.finetune import batches, tasks
 from bertjax.finetune.classification import task as classification
 from bertjax.finetune.model import MODEL_DIR, layer_multipliers, scale_by_tree
 from bertjax.hf import inference
-from bertjax.model import config as model_config
+from bertjax.model import config as model_config, unstacked
 from bertjax.train import optim
 from bertjax.train.metrics import MetricWriter
 
@@ -194,7 +194,8 @@ def train_step(params, opt_state, batch, seed, step, state=None, *, model, tx, t
 
 @functools.lru_cache(maxsize=4)
 def _predict_fn(model):
-  return jax.jit(lambda v, b: model.apply(v, b["input_ids"], b["type_ids"], b["groups"], **packed_inputs(b, model)))
+  return jax.jit(lambda v, b: model.apply(unstacked.join(v), b["input_ids"], b["type_ids"], b["groups"],
+                                          **packed_inputs(b, model)))
 
 
 def predict(params, arrays, model, batch_size: int, layout: batches.Layout | None = None,
@@ -202,7 +203,8 @@ def predict(params, arrays, model, batch_size: int, layout: batches.Layout | Non
   """Model outputs [N, ...] over a whole split, in its row order. With a `layout`, batches of rows sorted
   by length, each cut to its bucket; outputs with a sequence axis (`position_axis`) are padded back to the
   split's width with 0. `state`: further variable collections, read only (q8bert's frozen ranges)."""
-  apply = functools.partial(_predict_fn(model), {"params": params, **(state or {})})
+  variables = unstacked.for_calls({"params": params, **(state or {})}, getattr(model, "cfg", None))
+  apply = functools.partial(_predict_fn(model), variables)
   layout = layout or batches.fixed_layout(arrays)
   width = np.shape(arrays["input_ids"])[-1]
   order, outs = [], []

@@ -16,6 +16,7 @@ import numpy as np
 
 from bertjax.core.errors import UserError
 from bertjax.hf import convert, tokenizers as hf_tokenizers, workdir as wd
+from bertjax.model import unstacked
 from bertjax.model.layer import sown_by_layers
 from bertjax.train import build
 
@@ -32,6 +33,14 @@ class Loaded:
   pooler: dict | None = None
   fresh: tuple = ()
   step: int = 0
+
+  @functools.cached_property
+  def run_params(self) -> dict:
+    """`params` in the layout the model runs many calls in fastest on this backend (pass it to the functions
+    below for repeated calls): split per layer where every layer runs unrolled (the CPU's default), so no call
+    copies each layer's weights out of the stacked arrays; a second copy of the layer weights, made on first use
+    (`unstacked.for_calls`). `params` itself elsewhere."""
+    return unstacked.for_calls(self.params, build.make_model(self.config).cfg)
 
 
 def load(hf_dir: str = "", workdir: str = "", generator_dir: str = "") -> Loaded:
@@ -55,13 +64,15 @@ def on_device(params) -> dict:
 
 @functools.lru_cache(maxsize=16)
 def _jitted(model, method, mutable: tuple):
-  return jax.jit(lambda p, *a: model.apply({"params": p}, *a, method=method, mutable=list(mutable) or False))
+  return jax.jit(lambda p, *a: model.apply({"params": unstacked.join(p)}, *a, method=method,
+                                           mutable=list(mutable) or False))
 
 
 def _apply(config, method, params, input_ids, type_ids, mutable: tuple = (), *more):
   """The config's Pretrainer's `method` (a method name, or a function of the module and the inputs) on
-  `params` and unpadded int32 inputs (inference: no dropout), jitted once per model and method; with
-  `mutable` collections, (output, their values). `more` are further int32 inputs of `method`."""
+  `params` (stacked, or a Loaded's `run_params`) and unpadded int32 inputs (inference: no dropout), jitted once
+  per model and method; with `mutable` collections, (output, their values). `more` are further int32 inputs of
+  `method`."""
   ids, types = jnp.asarray(input_ids, jnp.int32), jnp.asarray(type_ids, jnp.int32)
   more = tuple(jnp.asarray(x, jnp.int32) for x in more)
   return _jitted(build.make_model(config), method, mutable)(params, ids, types, *more)
