@@ -8,8 +8,8 @@ default BertConfig, randomly initialised here with seed 0: speed does not depend
 checkpoint directory with its tokenizer files. Each becomes one BertForSequenceClassification directory (its
 encoder, the pooler, a 2-class head drawn with torch seed 0) that BOTH sides load, and both sides get the same
 token ids (the checkpoint's tokenizer, through bertjax), so the work is equal:
-  encode    bertjax: `bertjax.hf.inference.hidden_states` (jitted once per shape); transformers: BertModel's
-            last_hidden_state
+  encode    bertjax: `bertjax.hf.inference.hidden_states` on `Loaded.run_params` (jitted once per shape);
+            transformers: BertModel's last_hidden_state
   classify  bertjax: `bertjax.finetune.train.predict` (what `python -m bertjax.finetune.predict` runs) on the
             task model; transformers: BertForSequenceClassification's logits
 Lengths: `128`: rows of exactly 128 real tokens (the sentences' token stream cut into 128-token rows), no
