@@ -58,6 +58,8 @@ def test_two_methods_at_equal_flops_then_a_rerun_skips_them(tmp_path):
     # Equal compute: as many steps as the budget pays for at the method's own analytic FLOPs per step.
     assert p["steps"] == int(budget // p["flops_per_step"]) >= 1 and p["flops"] <= budget
     assert p["eval"] and not p.get("skipped")
+    # One pretraining rate for every method (ELECTRA-Small's), whatever each tiny recipe's own.
+    assert p["lr"] == bench.PRETRAIN_LR and f"--config.learning_rate={bench.PRETRAIN_LR!r}" in p["command"]
     sst2 = r["tasks"]["sst2"]
     assert 0 <= sst2["median"] <= 1 and sst2["seeds"][0]["eval_examples"] == 100
   # ELECTRA's step costs more (its generator counts), so it gets fewer steps of the same budget.
@@ -72,3 +74,5 @@ def test_two_methods_at_equal_flops_then_a_rerun_skips_them(tmp_path):
     assert r["pretrain"]["skipped"] and r["tasks"]["sst2"]["skipped"]
     assert r["tasks"]["sst2"]["median"] == rows[name]["tasks"]["sst2"]["median"]
   assert again["table"].splitlines()[-4:] == out["table"].splitlines()[-4:]
+  with pytest.raises(SystemExit, match="--lr=0.0005, not .* and --lr=0.001; use another --workdir"):
+    bench.main([*argv, "--lr=1e-3"])  # a finished piece of another rate is not reused
