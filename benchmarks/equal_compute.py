@@ -13,8 +13,9 @@ every head included, on batch x seq_len positions), so a method whose step costs
 Model: every method at the scale's size (SCALES: layers x hidden, heads of 64, seq_len, batch, vocabulary), its
 feed-forward 4 x hidden except where the method's own design differs (ModernBERT's GeGLU at 8H/3, so its parameters
 match the MLP's; the Lite Transformer's FFN at H, as its paper), ELECTRA's generator at 1/4 width (ELECTRA-Small's).
-Each method otherwise keeps its own CPU recipe (the `tiny` variant of its config: objectives, masking, data format,
-optimizer, schedule, learning rate, dropout), as METHODS lists.
+Every method pretrains at one peak rate (--lr, default PRETRAIN_LR: ELECTRA-Small's 5e-4; 0: each recipe's own) and
+otherwise keeps its own CPU recipe (the `tiny` variant of its config: objectives, masking, data format, optimizer,
+schedule, dropout), as METHODS lists.
 Data: the first `mb` MB (whole documents) of wiki-00.txt and books-00.txt from --data_dir/pretrain (one paragraph
 a line, split into sentences); one SentencePiece vocabulary trained once on its training documents
 (bertjax.data.prepare_lib.prepare_tokenizer); each method's rows (NSP pairs, full sentences, ELECTRA's segments,
