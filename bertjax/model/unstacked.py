@@ -8,7 +8,8 @@ layers' gradients back into [layers, ...]: a copy of every layer parameter and o
 array per layer, `split`) avoids them: the step stacks them (`join`) right before the model, and XLA folds
 slice(concatenate(parts)) to part i, in the forward pass and in its transpose. The optimizer's state mirrors
 the split tree (optax works per leaf; a part is one original tensor, so LAMB's and StableAdamW's per-tensor
-quantities are the same ones). Checkpoints and everything else outside the step keep the stacked tree (`join`).
+quantities are the same ones). Checkpoints and everything else outside the step keep the stacked tree (`join`),
+except repeated forward passes (inference, the fine-tuning predictor), which take a split copy (`for_calls`).
 """
 
 import jax
