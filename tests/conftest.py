@@ -2,6 +2,7 @@
 
 import getpass
 import os
+import re
 import tempfile
 
 import pytest
@@ -116,6 +117,27 @@ LONGEST_FIRST = ("test_multihost.py", "test_sharding.py", "test_aot.py", "test_c
 def pytest_collection_modifyitems(items):
   rank = lambda item: LONGEST_FIRST.index(item.path.name) if item.path.name in LONGEST_FIRST else len(LONGEST_FIRST)
   items.sort(key=rank)  # stable: the rest keep their order
+
+
+def layer_shapes(params) -> set:
+  """The shapes of `params`' stacked layer leaves, the stack's and one layer's, unit dimensions dropped."""
+  import jax
+
+  from bertjax.model.layer import is_stacked
+
+  shapes = set()
+  for path, x in jax.tree_util.tree_leaves_with_path(params):
+    if is_stacked(path):
+      shapes |= {tuple(d for d in x.shape if d != 1), tuple(d for d in x.shape[1:] if d != 1)}
+  return shapes
+
+
+def layer_copies(hlo: str, shapes: set) -> int:
+  """Slices and concatenations (static or dynamic) in compiled HLO whose result has one of `shapes`
+  (`layer_shapes`; unit dimensions ignored: a layer's slice reads as [1, ...])."""
+  drop_ones = lambda dims: tuple(int(d) for d in dims.split(",") if d and int(d) != 1)
+  ops = re.findall(r"= \w+\[([\d,]*)\]\S* (slice|dynamic-slice|concatenate|dynamic-update-slice)\(", hlo)
+  return sum(drop_ones(dims) in shapes for dims, _ in ops)
 
 
 def tiny_hf_checkpoint(tmp_path, vocab) -> str:

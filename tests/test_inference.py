@@ -53,13 +53,12 @@ def test_loaded_params_live_on_the_device_and_give_the_numpy_params_outputs(tmp_
 def test_run_params_are_split_per_layer_and_the_jitted_calls_copy_no_layer_weight(tmp_path):
   """On the CPU (every layer unrolled) a Loaded's run_params hold each stacked leaf as its layers' arrays: the
   encode call and the fine-tuning predictor's call give the stacked params' outputs to the bit, and their compiled
-  forwards slice no layer parameter out of a stack, where the stacked params' forwards slice every one."""
-  import re
-
+  forwards slice or concatenate no layer parameter, where the stacked params' forwards slice every one."""
   from bertjax.finetune import train
   from bertjax.finetune.classification.model import Classifier
   from bertjax.model import config as model_config, unstacked
   from bertjax.model.layer import is_stacked
+  from conftest import layer_copies, layer_shapes
 
   loaded = inference.load(hf_dir=tiny_hf_checkpoint(tmp_path, ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]))
   assert unstacked.is_split(loaded.run_params) and not unstacked.is_split(loaded.params)
@@ -67,27 +66,22 @@ def test_run_params_are_split_per_layer_and_the_jitted_calls_copy_no_layer_weigh
   groups = (np.arange(5) < np.array([[4], [3]])).astype(np.int32)
   np.testing.assert_array_equal(inference.hidden_states(loaded.config, loaded.params, ids, 0 * ids, groups),
                                 inference.hidden_states(loaded.config, loaded.run_params, ids, 0 * ids, groups))
-  no_ones = lambda dims: tuple(d for d in dims if d != 1)  # a layer's slice may read as [1, ...]
-  shapes = {no_ones(x.shape[1:]) for p, x in jax.tree_util.tree_leaves_with_path(loaded.params) if is_stacked(p)}
-
-  def slices(fn, *args) -> int:
-    hlo = fn.lower(*args).compile().as_text()
-    return sum(no_ones(int(d) for d in dims.split(",") if d) in shapes
-               for dims in re.findall(r"= \w+\[([\d,]*)\]\S* slice\(", hlo))
+  shapes = layer_shapes(loaded.params)
+  stacked = sum(is_stacked(p) for p, _ in jax.tree_util.tree_leaves_with_path(loaded.params))
+  copies = lambda fn, *args: layer_copies(fn.lower(*args).compile().as_text(), shapes)
 
   model = build.make_model(loaded.config)
   jitted = inference._jitted(model, inference._encode_fn, ())
-  assert slices(jitted, loaded.params, ids, 0 * ids, groups) >= len(shapes)  # the count sees them
-  assert slices(jitted, loaded.run_params, ids, 0 * ids, groups) == 0
+  assert copies(jitted, loaded.params, ids, 0 * ids, groups) >= stacked  # the count sees them
+  assert copies(jitted, loaded.run_params, ids, 0 * ids, groups) == 0
 
   classifier = Classifier(model_config.encoder_config(loaded.config.model), 2, 0.1, deterministic=True)
   params = classifier.init(jax.random.key(0), ids, 0 * ids, groups)["params"]
   params.update(encoder=loaded.params["encoder"], embeddings=loaded.params["embeddings"])
   arrays = dict(input_ids=ids, type_ids=0 * ids, groups=groups)
-  batch = dict(arrays)
   split = unstacked.for_calls({"params": params}, classifier.cfg)
   assert unstacked.is_split(split)
-  assert slices(train._predict_fn(classifier), {"params": params}, batch) >= len(shapes)
-  assert slices(train._predict_fn(classifier), split, batch) == 0
+  assert copies(train._predict_fn(classifier), {"params": params}, arrays) >= stacked
+  assert copies(train._predict_fn(classifier), split, arrays) == 0
   np.testing.assert_array_equal(train.predict(params, arrays, classifier, 2),  # split inside
-                                np.asarray(train._predict_fn(classifier)({"params": params}, batch)))
+                                np.asarray(train._predict_fn(classifier)({"params": params}, arrays)))

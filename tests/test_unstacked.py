@@ -2,7 +2,6 @@
 splits its stacked leaves per layer; it trains as the stacked state does, its compiled step slices and concatenates
 no parameter, and checkpoints stay stacked both ways (an old stacked checkpoint resumes in the split layout)."""
 
-import re
 
 import jax
 import jax.numpy as jnp
@@ -13,19 +12,10 @@ from bertjax.core import sharding
 from bertjax.core.metrics import finalize
 from bertjax.data.tokenizer import SPM_SPECIAL
 from bertjax.model import unstacked
-from bertjax.model.layer import is_stacked
 from bertjax.train import bench, build, checkpoint, optim
-from conftest import micro
+from conftest import layer_copies, layer_shapes, micro
 
 STEPS = 3
-
-
-def _copies(hlo: str, shapes: set) -> int:
-  """Slices and concatenations (static or dynamic) in compiled HLO whose result has a layer parameter's shape,
-  one layer's or the stack's (unit dimensions ignored: a layer's slice reads as [1, ...])."""
-  drop_ones = lambda dims: tuple(int(d) for d in dims.split(",") if d and int(d) != 1)
-  ops = re.findall(r"= \w+\[([\d,]*)\]\S* (slice|dynamic-slice|concatenate|dynamic-update-slice)\(", hlo)
-  return sum(drop_ones(dims) in shapes for dims, _ in ops)
 
 
 @pytest.fixture(scope="module")
@@ -113,12 +103,9 @@ def test_the_split_state_trains_as_the_stacked_one(runs):
 @pytest.mark.slow  # two compiles of the train step and the eval step
 def test_the_split_step_slices_and_concatenates_no_parameter(runs):
   _, batch, out = runs
-  shapes = set()
-  for path, x in jax.tree_util.tree_leaves_with_path(out[False]["steps"].abstract_state.params):
-    if is_stacked(path):
-      shapes |= {tuple(d for d in x.shape if d != 1), tuple(d for d in x.shape[1:] if d != 1)}
-  assert _copies(out[False]["compiled"].as_text(), shapes) > 20  # the stacked step has them: the count sees them
-  assert _copies(out[True]["compiled"].as_text(), shapes) == 0
+  shapes = layer_shapes(out[False]["steps"].abstract_state.params)
+  assert layer_copies(out[False]["compiled"].as_text(), shapes) > 20  # the stacked step has them: the count sees them
+  assert layer_copies(out[True]["compiled"].as_text(), shapes) == 0
 
 
 @pytest.mark.slow  # two compiles of the train step and the eval step
