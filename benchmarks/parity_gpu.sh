@@ -10,10 +10,10 @@
 # package's). Runs from the checkout (the repository root on PYTHONPATH), no network. About 5 minutes on an H200
 # with the pieces side by side (docs/benchmarks.md); PARITY_SERIAL=1 runs them one after another, cheapest first
 # (about 9 minutes, so raise PARITY_BUDGET; each piece's printed times are then its own, free of contention).
-# PARITY_ONLY="squad2 wnut17" runs only the pieces named (rte, wnut17, squad2, sst2); PARITY_SQUAD2_FLAGS="--epochs=4"
-# (PARITY_RTE_FLAGS, ...) appends flags to a piece's command, and the last of a repeated flag wins. PARITY_BUDGET
-# (seconds, default 390) ends every piece still running then (exit 124; what it printed, each seed's scores
-# included, stays in its log), so the whole command ends within 6.5 minutes.
+# PARITY_ONLY="squad2 wnut17" runs only the pieces named (rte, wnut17, squad2, sst2; serially in that order);
+# PARITY_SQUAD2_FLAGS="--epochs=4" (PARITY_RTE_FLAGS, ...) appends flags to a piece's command, and the last of a
+# repeated flag wins. PARITY_BUDGET (seconds, default 390) ends every piece still running then (exit 124; what it
+# printed, each seed's scores included, stays in its log), so the whole command ends within 6.5 minutes.
 set -uo pipefail
 out="${1:?usage: PARITY_DATA=DIR PARITY_CHECKPOINT=HF_DIR bash benchmarks/parity_gpu.sh OUT_DIR}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -68,8 +68,13 @@ sst2() { piece sst2 finetune_parity.py --glue_dir="${data}/glue" --tasks=sst2 --
   --work_dir="${work}/sst2"; }
 
 : >"${out}/status.txt"
-if [ "${PARITY_SERIAL:-0}" = 1 ]; then
-  rte; wnut17; squad2; sst2
+if [ "${PARITY_SERIAL:-0}" = 1 ]; then  # in PARITY_ONLY's order when set: what matters most goes first
+  for name in ${PARITY_ONLY:-rte wnut17 squad2 sst2}; do
+    case "${name}" in
+      rte | wnut17 | squad2 | sst2) "${name}" ;;
+      *) echo "${name}: no such piece" | tee -a "${out}/status.txt" ;;
+    esac
+  done
 else  # three lanes on the one GPU: each side is launch-bound at these sizes, so they overlap well
   { rte; wnut17; } &
   squad2 &
