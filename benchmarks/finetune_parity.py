@@ -76,7 +76,7 @@ def finetune_config(args, task: str, data_dir: str, seed: int):
   c.model.classifier_dropout = c.model.dropout = c.model.attention_dropout = args.dropout
   c.init.checkpoint, c.task.source = args.checkpoint, f"tsv:{data_dir}"
   c.log_every = 10_000
-  return c
+  return parity_device.configure(c, args)
 
 
 def run_bertjax(config, workdir: str) -> float:

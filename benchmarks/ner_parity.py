@@ -86,7 +86,7 @@ def finetune_config(args, data_dir: str, seed: int):
   c.model.classifier_dropout = c.model.dropout = c.model.attention_dropout = args.dropout
   c.init.checkpoint, c.task.source = args.checkpoint, f"conll:{data_dir}"
   c.log_every = 10_000
-  return c
+  return parity_device.configure(c, args)
 
 
 def bertjax_draws(config, seed: int, setup: dict) -> dict:

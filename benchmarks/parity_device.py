@@ -16,10 +16,23 @@ DEVICES = ("cpu", "gpu")
 
 
 def add_flag(parser) -> None:
-  """Adds --device (cpu | gpu) to a benchmark's argument parser."""
+  """Adds --device (cpu | gpu) and --bucket_lengths to a benchmark's argument parser."""
   parser.add_argument("--device", default="cpu", choices=DEVICES,
                       help="cpu: as before (PyTorch on the CPU, JAX on its default platform); gpu: both sides on the "
                            "NVIDIA GPU in float32 (TF32 off in PyTorch, matmul precision highest in JAX)")
+  # bertjax compiles its training step once per length bucket: on the CPU a compile is a few seconds, on an H200 at
+  # float32 "highest" the MiniLM step took 45-50 s each (2026-11-28), so SQuAD's 12 fitted buckets at 384 were ten
+  # minutes of compiles; none (every batch padded to seq_len) is one compile where padding costs little.
+  parser.add_argument("--bucket_lengths", default="auto",
+                      help="bertjax's bucket_lengths (auto: fitted, seq_len / 32 of them; none: one shape; or 64,128)")
+
+
+def configure(config, args):
+  """Sets the bertjax fine-tuning `config`'s fields that these flags choose (where `args` has them: other scripts
+  build these configs from their own flags); returns it."""
+  if getattr(args, "bucket_lengths", None):
+    config.bucket_lengths = args.bucket_lengths
+  return config
 
 
 def setup(device: str) -> str:

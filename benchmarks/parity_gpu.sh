@@ -29,7 +29,9 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false  # up to three JAX processes and thei
 export TF_CPP_MIN_LOG_LEVEL=2 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 work=/tmp/bertjax-parity-gpu
 budget="${PARITY_BUDGET:-390}"
-common=(--device=gpu ${PARITY_CHECKPOINT:+--checkpoint="${PARITY_CHECKPOINT}"})
+# One shape a program: on an H200 each of bertjax's length buckets cost a 45-50 s compile of the float32 MiniLM step
+# (2026-11-28), and SQuAD at 384 fits 12 of them; padding every batch to seq_len costs the GPU little.
+common=(--device=gpu --bucket_lengths=none ${PARITY_CHECKPOINT:+--checkpoint="${PARITY_CHECKPOINT}"})
 
 piece() {  # NAME SCRIPT FLAGS...: one benchmark run; its exit status and time go to OUT/status.txt
   local name=$1 script=$2 t0=$SECONDS extra="PARITY_${1^^}_FLAGS"

@@ -102,7 +102,7 @@ def bertjax_config(args, version: str, data_dir: str, seed: int):
   c.epoch_mode, c.optimizer.schedule = "transformers", "linear_after_warmup"
   c.optimizer.weight_decay, c.optimizer.eps, c.log_every = 0.0, 1e-8, 1000
   c.optimizer.bias_correction = True  # run_qa.py's torch AdamW (the squad presets default to BERT's rule, without)
-  return c
+  return parity_device.configure(c, args)
 
 
 def run_bertjax(config, setup: dict, workdir: str) -> tuple[dict, float, float]:

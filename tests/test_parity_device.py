@@ -52,3 +52,16 @@ def test_gpu_sets_float32_on_both_sides(restored):
   assert jax.config.jax_default_matmul_precision == "highest"
   assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
   assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+
+
+def test_bucket_lengths_flag_reaches_the_config():
+  import argparse
+
+  import ml_collections
+
+  parser = argparse.ArgumentParser()
+  parity_device.add_flag(parser)
+  config = ml_collections.ConfigDict({"bucket_lengths": "auto"})
+  assert parity_device.configure(config, parser.parse_args([])).bucket_lengths == "auto"
+  assert parity_device.configure(config, parser.parse_args(["--bucket_lengths=none"])).bucket_lengths == "none"
+  assert parity_device.configure(config, argparse.Namespace()).bucket_lengths == "none"  # a flag it lacks: untouched
