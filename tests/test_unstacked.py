@@ -2,7 +2,6 @@
 splits its stacked leaves per layer; it trains as the stacked state does, its compiled step slices and concatenates
 no parameter, and checkpoints stay stacked both ways (an old stacked checkpoint resumes in the split layout)."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
