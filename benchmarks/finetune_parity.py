@@ -3,6 +3,7 @@
   python benchmarks/finetune_parity.py                          # all-MiniLM-L6-v2, SST-2 and RTE, 3 seeds a side
   python benchmarks/finetune_parity.py --tasks=rte --seeds=5 --checkpoint=HF_DIR --json=/tmp/ft.json
   python benchmarks/finetune_parity.py --device=gpu --tasks=sst2 --sst2_train=0 --epochs=1 --seeds=2   # NVIDIA GPU
+  python benchmarks/finetune_parity.py --tasks=sst2 --sst2_train=0 --epochs=1 --first_seed=1 --seeds=1  # seed 1 alone
 
 The recipe, the same on both sides (transformers' run_glue defaults where the issue's recipe is silent):
 AdamW 5e-5, betas (0.9, 0.999), eps 1e-6, weight decay 0.01 except biases and LayerNorm, 10% warmup
@@ -184,6 +185,8 @@ def main():
   p.add_argument("--glue_dir", default=os.path.join(REPO, "..", "shared", "data", "glue"))
   p.add_argument("--tasks", default="sst2,rte")
   p.add_argument("--seeds", type=int, default=3)
+  p.add_argument("--first_seed", type=int, default=0,
+                 help="run seeds first_seed .. first_seed + seeds - 1 (a seed that did not fit one session, alone)")
   p.add_argument("--sst2_train", type=int, default=1000, help="SST-2 training examples (0: all 67,349)")
   p.add_argument("--rte_train", type=int, default=600, help="RTE training examples (0: all 2,490)")
   p.add_argument("--seq_len", type=int, default=0, help="0: 64 for SST-2, 128 for RTE")
@@ -229,7 +232,7 @@ def main():
       from bertjax.finetune import train
 
       setup = train.prepare(finetune_config(args, task, data_dir, 0))
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
       config = finetune_config(args, task, data_dir, seed)
       t0 = time.time()
       scores["bertjax"].append(run_bertjax(config, os.path.join(args.work_dir, task, f"bertjax-{seed}")))
