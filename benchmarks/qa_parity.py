@@ -4,6 +4,7 @@ in v2.0 mode and in v1.1 mode (answerable questions only), 2 seeds a side.
   python benchmarks/qa_parity.py                                   # CPU-sized subset (defaults below)
   python benchmarks/qa_parity.py --train_questions=0 --eval_questions=0 --seq_len=384 --doc_stride=128
   python benchmarks/qa_parity.py --device=gpu --modes=2.0 --train_questions=0 --eval_questions=0 --lr=1e-4 --epochs=3
+  python benchmarks/qa_parity.py --modes=2.0 --first_seed=1 --seeds=1        # one paired seed alone (seed 1)
 
 Data (--data): ../shared/data/squad/dev-v2.0-half.json (16 articles of the official v2.0 dev set) split BY ARTICLE:
 the first --train_articles articles are the training set, the last --eval_articles the evaluation set (no
@@ -24,15 +25,16 @@ bertjax groups them); only dropout is each side's own. At the CPU sizes the mode
 and row order move F1 by several points, which two unpaired seeds a side cannot average away; paired, the
 difference measures the implementations. --paired=0: each side draws its own head and order.
 
-Both sides train on the SAME windows (bertjax's squad.features: [CLS] q [SEP] context chunk [SEP], labels
-from the tokenizer's offsets, windows without the answer at [CLS]); PyTorch runs a plain loop over
-BertForQuestionAnswering (its own loss, padding in the softmax) as the HF Trainer does. bertjax
-post-processes with its vectorized squad.post; PyTorch with a per-feature Python loop in the manner of
-run_qa.py's utils_qa.postprocess_qa_predictions (top-n starts x ends, min null score, no max-context rule).
-Both are scored by bertjax.finetune.squad.evaluate (the official definitions). Prints EM/F1 per seed and side,
-PyTorch's F1 with bertjax's post-processing of its logits beside it (which part of a difference is training),
-the means and differences (target: within 1.0 F1), the all-no-answer F1 of the evaluation questions (v2.0: the
-share of unanswerable ones; a side that learned answers scores above it), and the time ratios (training,
+Both sides train on the SAME windows (bertjax's squad.features: [CLS] q [SEP] context chunk [SEP], labels from the
+tokenizer's offsets, windows without the answer at [CLS]); PyTorch runs a plain loop over BertForQuestionAnswering
+(its own loss) as the HF Trainer does, each batch padded to its longest row (run_qa.py's --pad_to_max_length=False:
+the same real-token logits without computing the padding columns; the shorter rows' padding stays in its softmax,
+where bertjax masks it). bertjax post-processes with its vectorized squad.post; PyTorch with a per-feature Python
+loop in the manner of run_qa.py's utils_qa.postprocess_qa_predictions (top-n starts x ends, min null score, no
+max-context rule). Both are scored by bertjax.finetune.squad.evaluate (the official definitions). Prints EM/F1 per
+seed and side, PyTorch's F1 with bertjax's post-processing of its logits beside it (which part of a difference is
+training), the means and differences (target: within 1.0 F1), the all-no-answer F1 of the evaluation questions
+(v2.0: the share of unanswerable ones; a side that learned answers scores above it), and the time ratios (training,
 post-processing). --device=gpu runs both sides on an NVIDIA GPU in float32 (parity_device.py;
 benchmarks/parity_gpu.sh).
 """
@@ -201,7 +203,9 @@ def run_torch(args, config, setup, seed: int, device: str = "cpu") -> tuple[dict
       idx = draws["rows"][step]
     else:
       idx = pipeline.permuted(seed + 1000, epoch, np.arange(k * bs, min((k + 1) * bs, n)), n)  # own order
-    batch = {key: torch.tensor(v[idx]).long().to(device) for key, v in train.items() if key != "is_impossible"}
+    longest = int(train["groups"][idx].sum(1).max())  # run_qa.py --pad_to_max_length=False: pad to the batch's longest
+    batch = {key: torch.tensor(v[idx][:, :longest] if v.ndim == 2 else v[idx]).long().to(device)
+             for key, v in train.items() if key != "is_impossible"}
     out = model(input_ids=batch["input_ids"], attention_mask=batch["groups"], token_type_ids=batch["type_ids"],
                 start_positions=batch["start_position"], end_positions=batch["end_position"])
     out.loss.backward()
@@ -215,11 +219,13 @@ def run_torch(args, config, setup, seed: int, device: str = "cpu") -> tuple[dict
   starts, ends = [], []
   with torch.no_grad():
     for i in range(0, len(ev["input_ids"]), 64):
-      out = model(input_ids=torch.tensor(ev["input_ids"][i:i + 64]).long().to(device),
-                  attention_mask=torch.tensor(ev["groups"][i:i + 64]).long().to(device),
-                  token_type_ids=torch.tensor(ev["type_ids"][i:i + 64]).long().to(device))
-      starts.append(out.start_logits.cpu().numpy())
-      ends.append(out.end_logits.cpu().numpy())
+      longest = int(ev["groups"][i:i + 64].sum(1).max())
+      rows = {key: torch.tensor(ev[key][i:i + 64, :longest]).long().to(device)
+              for key in ("input_ids", "groups", "type_ids")}
+      out = model(input_ids=rows["input_ids"], attention_mask=rows["groups"], token_type_ids=rows["type_ids"])
+      pad = ((0, 0), (0, ev["input_ids"].shape[1] - longest))  # back to seq_len, padding below every real logit
+      starts.append(np.pad(out.start_logits.cpu().numpy(), pad, constant_values=-1e4))
+      ends.append(np.pad(out.end_logits.cpu().numpy(), pad, constant_values=-1e4))
   extra, task = setup["data"].extra, config.task
   start, end = np.concatenate(starts), np.concatenate(ends)
   preds, odds, post_s = torch_postprocess(extra["questions"], extra["windows"], start, end, task.n_best_size,
@@ -245,6 +251,8 @@ def main():
   p.add_argument("--epochs", type=int, default=2, help="both sides (run_qa.py's README: 2)")
   p.add_argument("--doc_stride", type=int, default=64)
   p.add_argument("--seeds", type=int, default=2)
+  p.add_argument("--first_seed", type=int, default=0,
+                 help="run seeds first_seed .. first_seed + seeds - 1 (a seed that did not fit one session, alone)")
   p.add_argument("--modes", default="2.0,1.1")
   p.add_argument("--paired", type=int, default=1,
                  help="1: PyTorch's seed s starts from bertjax's seed-s head and batches (dropout stays each side's "
@@ -271,7 +279,7 @@ def main():
     from bertjax.finetune import train
 
     setup = train.prepare(bertjax_config(args, version, data_dir, 0))  # windows shared by both sides and all seeds
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
       config = bertjax_config(args, version, data_dir, seed)
       ours, train_s, post_s = run_bertjax(config, setup, os.path.join(args.workdir, f"bj{version}-{seed}"))
       rows["bertjax"].append((ours[em_key], ours["f1"], train_s, post_s))
