@@ -174,6 +174,7 @@ def run_torch(args, config, setup, seed: int, device: str = "cpu") -> tuple[dict
 
   from bertjax.data import pipeline
   from bertjax.finetune.squad import task as squad
+  from bertjax.finetune.squad.model import PADDING_LOGIT
 
   torch.manual_seed(seed)
   model = transformers.BertForQuestionAnswering.from_pretrained(args.checkpoint).to(device)
@@ -223,9 +224,9 @@ def run_torch(args, config, setup, seed: int, device: str = "cpu") -> tuple[dict
       rows = {key: torch.tensor(ev[key][i:i + 64, :longest]).long().to(device)
               for key in ("input_ids", "groups", "type_ids")}
       out = model(input_ids=rows["input_ids"], attention_mask=rows["groups"], token_type_ids=rows["type_ids"])
-      pad = ((0, 0), (0, ev["input_ids"].shape[1] - longest))  # back to seq_len, padding below every real logit
-      starts.append(np.pad(out.start_logits.cpu().numpy(), pad, constant_values=-1e4))
-      ends.append(np.pad(out.end_logits.cpu().numpy(), pad, constant_values=-1e4))
+      pad = ((0, 0), (0, ev["input_ids"].shape[1] - longest))  # back to seq_len, at bertjax's padding logit
+      starts.append(np.pad(out.start_logits.cpu().numpy(), pad, constant_values=PADDING_LOGIT))
+      ends.append(np.pad(out.end_logits.cpu().numpy(), pad, constant_values=PADDING_LOGIT))
   extra, task = setup["data"].extra, config.task
   start, end = np.concatenate(starts), np.concatenate(ends)
   preds, odds, post_s = torch_postprocess(extra["questions"], extra["windows"], start, end, task.n_best_size,
