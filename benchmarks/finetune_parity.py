@@ -5,6 +5,9 @@
   python benchmarks/finetune_parity.py --device=gpu --tasks=sst2 --sst2_train=0 --epochs=1 --seeds=2   # NVIDIA GPU
   python benchmarks/finetune_parity.py --tasks=sst2 --sst2_train=0 --epochs=1 --first_seed=1 --seeds=1  # seed 1 alone
 
+Each finished side of each seed is kept under --work_dir (pieces/, keyed by the recipe's flags: parity_device.piece),
+so a run that did not fit one session goes on where it stopped: rerun the same command and only the rest runs.
+
 The recipe, the same on both sides (transformers' run_glue defaults where the issue's recipe is silent):
 AdamW 5e-5, betas (0.9, 0.999), eps 1e-6, weight decay 0.01 except biases and LayerNorm, 10% warmup
 (rounded up) then linear decay to 0 over the steps after warmup (get_linear_schedule_with_warmup),
@@ -179,6 +182,9 @@ def same_inputs(config, data_dir, columns, labels) -> tuple[int, int]:
   return int(same.sum()), len(same)
 
 
+SELECTION = ("tasks", "seeds", "first_seed", "work_dir", "json")  # flags that choose what runs, not its result
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--checkpoint", default="", help="HF checkpoint dir (default: the all-MiniLM-L6-v2 package's)")
@@ -235,10 +241,17 @@ def main():
     for seed in range(args.first_seed, args.first_seed + args.seeds):
       config = finetune_config(args, task, data_dir, seed)
       t0 = time.time()
-      scores["bertjax"].append(run_bertjax(config, os.path.join(args.work_dir, task, f"bertjax-{seed}")))
+      workdir = os.path.join(args.work_dir, task, f"bertjax-{seed}")
+      scores["bertjax"].append(parity_device.piece(args.work_dir, f"{task}-bertjax-{seed}", args, SELECTION,
+                                                   lambda: run_bertjax(config, workdir)))
       t1 = time.time()
-      draws = bertjax_draws(config, seed, setup, len(setup["train"]["input_ids"])) if args.paired else None
-      scores["pytorch"].append(run_torch(config, data_dir, columns, labels, seed, draws, torch_device))
+
+      def torch_side():
+        draws = bertjax_draws(config, seed, setup, len(setup["train"]["input_ids"])) if args.paired else None
+        return run_torch(config, data_dir, columns, labels, seed, draws, torch_device)
+
+      scores["pytorch"].append(parity_device.piece(args.work_dir, f"{task}-pytorch-{seed}", args, SELECTION,
+                                                   torch_side))
       print(f"{task} seed {seed}: bertjax {scores['bertjax'][-1]:.4f} ({t1 - t0:.0f} s), "
             f"PyTorch {scores['pytorch'][-1]:.4f} ({time.time() - t1:.0f} s)", flush=True)
     import numpy as np

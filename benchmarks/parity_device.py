@@ -7,8 +7,14 @@ arithmetic, so a difference is the implementations' and not the precision's: tra
 explicitly), JAX on its GPU with jax_default_matmul_precision "highest" (XLA otherwise computes float32 dots in
 TF32 on Ampere and later GPUs). JAX allocates on demand (XLA_PYTHON_CLIENT_PREALLOCATE=false) so that it leaves
 PyTorch, and a second benchmark process, room on the same GPU. No GPU: one line naming what is missing, exit 1.
+
+`piece` keeps each finished side of each seed under the run's work directory, keyed by the recipe's flags, so a
+recipe too long for one session (a whole-split SQuAD v2.0 side is 1.5 hours on 2 CPU cores, SST-2's whole set
+longer) goes on in the next: a rerun of the same command reads the finished pieces back and runs only the rest.
 """
 
+import hashlib
+import json
 import os
 import sys
 
@@ -33,6 +39,25 @@ def configure(config, args):
   if getattr(args, "bucket_lengths", None):
     config.bucket_lengths = args.bucket_lengths
   return config
+
+
+def piece(workdir: str, name: str, args, selection, run):
+  """`run()`'s result (JSON: numbers, lists, dicts), stored as workdir/pieces/NAME-HASH.json where HASH covers every
+  flag of `args` except the `selection` ones (which seeds, tasks or modes run, and where reports go: they do not
+  change a piece's result); an existing file is read back instead of running again. Delete it to rerun."""
+  recipe = {k: v for k, v in sorted(vars(args).items()) if k not in selection}
+  digest = hashlib.sha1(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:10]
+  path = os.path.join(workdir, "pieces", f"{name}-{digest}.json")
+  if os.path.exists(path):
+    print(f"{name}: reusing the finished piece {path}", flush=True)
+  else:
+    result = run()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:  # numpy scalars and arrays among the results become numbers and lists
+      json.dump(dict(recipe=recipe, result=result), f, indent=1, default=lambda v: v.tolist())
+    os.replace(path + ".tmp", path)  # a run killed while writing leaves no half piece
+  with open(path) as f:
+    return json.load(f)["result"]  # the same types whether it ran now or earlier
 
 
 def setup(device: str) -> str:

@@ -6,6 +6,9 @@ in v2.0 mode and in v1.1 mode (answerable questions only), 2 seeds a side.
   python benchmarks/qa_parity.py --device=gpu --modes=2.0 --train_questions=0 --eval_questions=0 --lr=1e-4 --epochs=3
   python benchmarks/qa_parity.py --modes=2.0 --first_seed=1 --seeds=1        # one paired seed alone (seed 1)
 
+Each finished side of each seed is kept under --workdir (pieces/, keyed by the recipe's flags: parity_device.piece),
+so a recipe longer than a session goes on where it stopped: rerun the same command and only the rest runs.
+
 Data (--data): ../shared/data/squad/dev-v2.0-half.json (16 articles of the official v2.0 dev set) split BY ARTICLE:
 the first --train_articles articles are the training set, the last --eval_articles the evaluation set (no
 paragraph is in both). On a 2-core CPU the defaults take subsets, drawn with seed 0: 1,200 training
@@ -239,6 +242,9 @@ def run_torch(args, config, setup, seed: int, device: str = "cpu") -> tuple[dict
   return metrics, train_s, post_s
 
 
+SELECTION = ("seeds", "first_seed", "modes", "workdir", "json")  # flags that choose what runs, not its result
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--checkpoint", default="", help="an HF BERT checkpoint (default: the all-MiniLM-L6-v2 package)")
@@ -282,11 +288,14 @@ def main():
     setup = train.prepare(bertjax_config(args, version, data_dir, 0))  # windows shared by both sides and all seeds
     for seed in range(args.first_seed, args.first_seed + args.seeds):
       config = bertjax_config(args, version, data_dir, seed)
-      ours, train_s, post_s = run_bertjax(config, setup, os.path.join(args.workdir, f"bj{version}-{seed}"))
+      workdir = os.path.join(args.workdir, f"bj{version}-{seed}")
+      ours, train_s, post_s = parity_device.piece(args.workdir, f"v{version}-bertjax-{seed}", args, SELECTION,
+                                                  lambda: run_bertjax(config, setup, workdir))
       rows["bertjax"].append((ours[em_key], ours["f1"], train_s, post_s))
       print(f"v{version} seed {seed} bertjax: EM {ours[em_key]:.2f} F1 {ours['f1']:.2f} "
             f"(train {train_s:.0f}s, post {post_s:.3f}s)", flush=True)
-      theirs, train_s, post_s = run_torch(args, config, setup, seed, torch_device)
+      theirs, train_s, post_s = parity_device.piece(args.workdir, f"v{version}-pytorch-{seed}", args, SELECTION,
+                                                    lambda: run_torch(args, config, setup, seed, torch_device))
       rows["torch"].append((theirs[em_key], theirs["f1"], train_s, post_s, theirs["f1_bertjax_post"]))
       print(f"v{version} seed {seed} pytorch: EM {theirs[em_key]:.2f} F1 {theirs['f1']:.2f} "
             f"(train {train_s:.0f}s, post {post_s:.3f}s; F1 {theirs['f1_bertjax_post']:.2f} with bertjax's "

@@ -65,3 +65,32 @@ def test_bucket_lengths_flag_reaches_the_config():
   assert parity_device.configure(config, parser.parse_args([])).bucket_lengths == "auto"
   assert parity_device.configure(config, parser.parse_args(["--bucket_lengths=none"])).bucket_lengths == "none"
   assert parity_device.configure(config, argparse.Namespace()).bucket_lengths == "none"  # a flag it lacks: untouched
+
+
+def test_a_finished_piece_is_read_back_and_a_changed_recipe_reruns(tmp_path):
+  import argparse
+
+  import numpy as np
+
+  calls = []
+
+  def run(value):
+    def side():
+      calls.append(value)
+      return [{"f1": np.float32(value)}, np.float64(1.5), 2]  # numpy among the results, as the metrics have
+
+    return side
+
+  SELECTION = ("seeds", "first_seed", "json")  # flags that choose what runs, not its result
+  recipe = argparse.Namespace(lr=1e-4, epochs=3, seeds=2, first_seed=0, json="")
+  first = parity_device.piece(str(tmp_path), "v2.0-bertjax-0", recipe, SELECTION, run(50.0))
+  assert first == [{"f1": 50.0}, 1.5, 2] and calls == [50.0]
+  # Another seed range or report path is the same recipe: read back, not rerun (nor its new value returned).
+  same = argparse.Namespace(lr=1e-4, epochs=3, seeds=1, first_seed=1, json="/tmp/r.json")
+  assert parity_device.piece(str(tmp_path), "v2.0-bertjax-0", same, SELECTION, run(0.0)) == first and calls == [50.0]
+  # Another learning rate, or another piece's name, runs.
+  other = argparse.Namespace(lr=2e-4, epochs=3, seeds=2, first_seed=0, json="")
+  assert parity_device.piece(str(tmp_path), "v2.0-bertjax-0", other, SELECTION, run(60.0))[0] == {"f1": 60.0}
+  assert parity_device.piece(str(tmp_path), "v2.0-pytorch-0", recipe, SELECTION, run(49.0))[0] == {"f1": 49.0}
+  assert calls == [50.0, 60.0, 49.0]
+  assert not list(tmp_path.glob("pieces/*.tmp"))  # written whole, then moved into place
