@@ -190,9 +190,6 @@ def main():
   p.add_argument("--checkpoint", default="", help="HF checkpoint dir (default: the all-MiniLM-L6-v2 package's)")
   p.add_argument("--glue_dir", default=os.path.join(REPO, "..", "shared", "data", "glue"))
   p.add_argument("--tasks", default="sst2,rte")
-  p.add_argument("--seeds", type=int, default=3)
-  p.add_argument("--first_seed", type=int, default=0,
-                 help="run seeds first_seed .. first_seed + seeds - 1 (a seed that did not fit one session, alone)")
   p.add_argument("--sst2_train", type=int, default=1000, help="SST-2 training examples (0: all 67,349)")
   p.add_argument("--rte_train", type=int, default=600, help="RTE training examples (0: all 2,490)")
   p.add_argument("--seq_len", type=int, default=0, help="0: 64 for SST-2, 128 for RTE")
@@ -206,6 +203,7 @@ def main():
   p.add_argument("--work_dir", default="/tmp/bertjax-finetune-parity")
   p.add_argument("--json", default="")
   parity_device.add_flag(p)
+  parity_device.add_seed_flags(p, seeds=3)
   args = p.parse_args()
   from bertjax.core import runtime
 

@@ -5,7 +5,11 @@ to seqeval's default mode).
 
   python benchmarks/ner_parity.py                  # all-MiniLM-L6-v2, WikiANN-en and WNUT-17 subsets, 2 seeds a side
   python benchmarks/ner_parity.py --datasets=wikiann --train=2000 --dev=0 --seeds=3 --json=/tmp/ner.json
+  python benchmarks/ner_parity.py --datasets=wnut17 --train=0 --dev=0 --first_seed=1 --seeds=1   # seed 1 alone
   python benchmarks/ner_parity.py --device=gpu --datasets=wnut17 --train=0 --dev=0 --seq_len=128 --batch_size=32
+
+Each finished side of each seed is kept under --work_dir (pieces/, keyed by the recipe's flags: parity_device.piece),
+so a run that did not fit one session goes on where it stopped: rerun the same command and only the rest runs.
 
 Data: ../shared/data/ner/ (see its MANIFEST.md): WikiANN English (train / dev; every token carries an `en:`
 prefix, stripped here) and WNUT-17 (wnut17train.conll / emerging.dev.conll; whitespace-only sentence breaks
@@ -202,12 +206,14 @@ def run_torch(config, data_dir, labels, seed: int, draws, device: str = "cpu") -
   return float(entity_f1(gold, pred)), time.time() - t0, unscored
 
 
+SELECTION = ("datasets", "seeds", "first_seed", "work_dir", "json")  # flags that choose what runs, not its result
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--checkpoint", default="", help="HF checkpoint dir (default: the all-MiniLM-L6-v2 package's)")
   p.add_argument("--data_dir", default=os.path.join(REPO, "..", "shared", "data", "ner"))
   p.add_argument("--datasets", default="wikiann,wnut17")
-  p.add_argument("--seeds", type=int, default=2)
   p.add_argument("--train", type=int, default=320,
                  help="training sentences per dataset (0: all; WikiANN 20,000, WNUT 3,394)")
   p.add_argument("--dev", type=int, default=200, help="dev sentences per dataset (0: all; WikiANN 10,000, WNUT 1,009)")
@@ -224,6 +230,7 @@ def main():
   p.add_argument("--work_dir", default="/tmp/bertjax-ner-parity")
   p.add_argument("--json", default="")
   parity_device.add_flag(p)
+  parity_device.add_seed_flags(p, seeds=2)
   args = p.parse_args()
   args.seq_len = args.seq_len or (128 if args.train == 0 else 32)
   from bertjax.core import runtime
@@ -254,14 +261,22 @@ def main():
     print(f"{name}: {info['train_examples']} train / {info['eval_examples']} dev sentences ({info['eval_words']} "
           f"words), {len(labels)} tags, seq_len {args.seq_len}, {setup['total']} steps", flush=True)
     scores = {"bertjax": [], "pytorch": []}
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
       config = finetune_config(args, data_dir, seed)
-      t0 = time.time()
-      ours = train.finetune(config, os.path.join(args.work_dir, name, f"bertjax-{seed}"))
-      scores["bertjax"].append(ours["per_seed"][0]["f1"])
-      t_ours = time.time() - t0
-      draws = bertjax_draws(config, seed, setup) if args.paired else None
-      f1, t_theirs, unscored = run_torch(config, data_dir, labels, seed, draws, torch_device)
+
+      def bertjax_side():
+        t0 = time.time()
+        ours = train.finetune(config, os.path.join(args.work_dir, name, f"bertjax-{seed}"))
+        return ours["per_seed"][0]["f1"], time.time() - t0
+
+      def torch_side():
+        draws = bertjax_draws(config, seed, setup) if args.paired else None
+        return run_torch(config, data_dir, labels, seed, draws, torch_device)
+
+      f1_ours, t_ours = parity_device.piece(args.work_dir, f"{name}-bertjax-{seed}", args, SELECTION, bertjax_side)
+      scores["bertjax"].append(f1_ours)
+      f1, t_theirs, unscored = parity_device.piece(args.work_dir, f"{name}-pytorch-{seed}", args, SELECTION,
+                                                   torch_side)
       scores["pytorch"].append(f1)
       times["bertjax"] += t_ours
       times["pytorch"] += t_theirs

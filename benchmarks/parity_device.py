@@ -33,6 +33,14 @@ def add_flag(parser) -> None:
                       help="bertjax's bucket_lengths (auto: fitted, seq_len / 32 of them; none: one shape; or 64,128)")
 
 
+def add_seed_flags(parser, seeds: int) -> None:
+  """Adds --seeds (how many paired seeds, default `seeds`) and --first_seed (where they start), so one seed that did
+  not fit a session runs alone in the next and draws what it would have drawn among the others."""
+  parser.add_argument("--seeds", type=int, default=seeds)
+  parser.add_argument("--first_seed", type=int, default=0,
+                      help="run seeds first_seed .. first_seed + seeds - 1 (a seed that did not fit one session, alone)")
+
+
 def configure(config, args):
   """Sets the bertjax fine-tuning `config`'s fields that these flags choose (where `args` has them: other scripts
   build these configs from their own flags); returns it."""

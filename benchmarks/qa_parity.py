@@ -257,9 +257,6 @@ def main():
   p.add_argument("--lr", type=float, default=3e-5, help="both sides (run_qa.py's README: 3e-5)")
   p.add_argument("--epochs", type=int, default=2, help="both sides (run_qa.py's README: 2)")
   p.add_argument("--doc_stride", type=int, default=64)
-  p.add_argument("--seeds", type=int, default=2)
-  p.add_argument("--first_seed", type=int, default=0,
-                 help="run seeds first_seed .. first_seed + seeds - 1 (a seed that did not fit one session, alone)")
   p.add_argument("--modes", default="2.0,1.1")
   p.add_argument("--paired", type=int, default=1,
                  help="1: PyTorch's seed s starts from bertjax's seed-s head and batches (dropout stays each side's "
@@ -267,6 +264,7 @@ def main():
   p.add_argument("--workdir", default="/tmp/qa_parity")
   p.add_argument("--json", default="")
   parity_device.add_flag(p)
+  parity_device.add_seed_flags(p, seeds=2)
   args = p.parse_args()
   args.checkpoint = args.checkpoint or minilm_dir()
   from bertjax.core import runtime
