@@ -267,4 +267,4 @@ def main():
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  parity_device.run(main)

@@ -297,4 +297,4 @@ def main():
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  parity_device.run(main)

@@ -317,4 +317,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  parity_device.run(main)
