@@ -182,7 +182,7 @@ def same_inputs(config, data_dir, columns, labels) -> tuple[int, int]:
   return int(same.sum()), len(same)
 
 
-SELECTION = ("tasks", "seeds", "first_seed", "work_dir", "json")  # flags that choose what runs, not its result
+SELECTION = ("tasks", "work_dir", "json")  # besides the seeds: flags that choose what runs, not its result
 
 
 def main():

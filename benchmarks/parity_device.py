@@ -33,6 +33,9 @@ def add_flag(parser) -> None:
                       help="bertjax's bucket_lengths (auto: fitted, seq_len / 32 of them; none: one shape; or 64,128)")
 
 
+SEED_FLAGS = ("seeds", "first_seed")  # which seeds run: never part of a piece's recipe
+
+
 def add_seed_flags(parser, seeds: int) -> None:
   """Adds --seeds (how many paired seeds, default `seeds`) and --first_seed (where they start), so one seed that did
   not fit a session runs alone in the next and draws what it would have drawn among the others."""
@@ -51,9 +54,10 @@ def configure(config, args):
 
 def piece(workdir: str, name: str, args, selection, run):
   """`run()`'s result (JSON: numbers, lists, dicts), stored as workdir/pieces/NAME-HASH.json where HASH covers every
-  flag of `args` except the `selection` ones (which seeds, tasks or modes run, and where reports go: they do not
-  change a piece's result); an existing file is read back instead of running again. Delete it to rerun."""
-  recipe = {k: v for k, v in sorted(vars(args).items()) if k not in selection}
+  flag of `args` except the seed flags and the script's `selection` ones (which tasks or modes run, and where reports
+  go: they do not change a piece's result); an existing file is read back instead of running again. Delete it to
+  rerun."""
+  recipe = {k: v for k, v in vars(args).items() if k not in SEED_FLAGS + tuple(selection)}
   digest = hashlib.sha1(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:10]
   path = os.path.join(workdir, "pieces", f"{name}-{digest}.json")
   if os.path.exists(path):

@@ -242,7 +242,7 @@ def run_torch(args, config, setup, seed: int, device: str = "cpu") -> tuple[dict
   return metrics, train_s, post_s
 
 
-SELECTION = ("seeds", "first_seed", "modes", "workdir", "json")  # flags that choose what runs, not its result
+SELECTION = ("modes", "workdir", "json")  # besides the seeds: flags that choose what runs, not its result
 
 
 def main():
