@@ -577,4 +577,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  from bertjax.core import cli
+
+  cli.script(main)

@@ -18,7 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax
-from absl import app, flags
+from absl import flags
 
 from bertjax.core import config as config_lib, runtime
 from bertjax.train import bench
@@ -76,4 +76,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  from bertjax.core import cli
+
+  cli.run(cli.cli(main))

@@ -217,4 +217,6 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  from bertjax.core import cli
+
+  cli.script(main)

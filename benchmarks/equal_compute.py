@@ -438,4 +438,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-  main()
+  from bertjax.core import cli
+
+  cli.script(main)

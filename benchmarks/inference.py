@@ -278,4 +278,6 @@ def main(argv) -> dict:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  from bertjax.core import cli
+
+  cli.script(lambda: main(sys.argv[1:]))

@@ -211,4 +211,6 @@ def main():
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  from bertjax.core import cli
+
+  cli.script(main)

@@ -95,4 +95,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  from bertjax.core import cli
+
+  cli.script(main)

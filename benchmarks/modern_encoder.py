@@ -434,4 +434,6 @@ def _shards_of(config, prepared_config):
 
 
 if __name__ == "__main__":
-  main()
+  from bertjax.core import cli
+
+  cli.script(main)

@@ -72,14 +72,6 @@ def piece(workdir: str, name: str, args, selection, run):
     return json.load(f)["result"]  # the same types whether it ran now or earlier
 
 
-def run(main) -> None:
-  """sys.exit(main()) for a parity script, where a recipe bertjax refuses (a UserError: a doc_stride that does not fit
-  the window, ...) ends as bertjax's own commands end it: `error: ...` in one line, exit code 2, no traceback."""
-  from bertjax.core import cli
-
-  sys.exit(cli.cli(lambda argv: main())(sys.argv))
-
-
 def setup(device: str) -> str:
   """Prepares both frameworks for `device` and returns the torch device name ("cpu" or "cuda"). Call it after
   bertjax.core.runtime.setup() and before JAX runs anything (the allocator setting is read when its backend

@@ -317,4 +317,6 @@ def main():
 
 
 if __name__ == "__main__":
-  parity_device.run(main)
+  from bertjax.core import cli
+
+  cli.script(main)

@@ -54,7 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from bertjax.core import config as config_lib, runtime
 from bertjax.data.tokenizer import SPM_SPECIAL
@@ -543,4 +543,6 @@ def _define_flags():
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  from bertjax.core import cli
+
+  cli.run(cli.cli(main))

@@ -114,6 +114,43 @@ def test_every_cli_parses_its_flags_into_one_line_errors(module):
   _one_line_error(proc, "no_such_flag")
 
 
+
+def test_a_benchmark_script_ends_a_user_error_in_one_line(capsys):
+  from bertjax.core.cli import script
+  from bertjax.core.errors import UserError
+
+  def main():
+    raise UserError("task.doc_stride=64 must be smaller than the 61 context tokens a window holds; lower it")
+
+  with pytest.raises(SystemExit) as e:
+    script(main)
+  assert e.value.code == 2
+  assert capsys.readouterr().err == "error: task.doc_stride=64 must be smaller than the 61 context tokens a window " \
+                                    "holds; lower it\n"
+  with pytest.raises(SystemExit) as e:  # a finished run's own status passes through
+    script(lambda: 1)
+  assert e.value.code == 1
+  with pytest.raises(SystemExit) as e:  # a main that returns its figures is a success, not sys.exit(dict)'s 1
+    script(lambda: {"f1": 50.0})
+  assert e.value.code == 0
+
+
+def test_every_benchmark_is_entered_through_the_cli():
+  import glob
+  import re
+
+  from conftest import REPO
+
+  entries = {}
+  for path in glob.glob(os.path.join(REPO, "benchmarks", "*.py")):
+    with open(path) as f:
+      block = re.search(r'\nif __name__ == "__main__":\n(.*)\Z', f.read(), re.S)
+    if block:
+      entries[os.path.basename(path)] = block.group(1)
+  assert len(entries) >= 20
+  bare = [name for name, block in entries.items() if not re.search(r"cli\.(script|run)\(", block)]
+  assert not bare, f"{bare} run main() without bertjax.core.cli: a UserError would print a traceback"
+
 @pytest.mark.slow  # 11-19 s cold: the normal tier keeps under 8 minutes on 2 cores
 def test_without_workdir_a_run_gets_a_fresh_one(tmp_path, monkeypatch):
   """No --workdir: a fresh directory under the temp dir, printed; never an earlier run's."""

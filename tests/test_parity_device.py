@@ -95,18 +95,3 @@ def test_a_finished_piece_is_read_back_and_a_changed_recipe_reruns(tmp_path):
   assert calls == [50.0, 60.0, 49.0]
   assert not list(tmp_path.glob("pieces/*.tmp"))  # written whole, then moved into place
 
-
-def test_a_recipe_bertjax_refuses_ends_in_one_line(capsys):
-  from bertjax.core.errors import UserError
-
-  def main():
-    raise UserError("task.doc_stride=64 must be smaller than the 61 context tokens a window holds; lower it")
-
-  with pytest.raises(SystemExit) as e:
-    parity_device.run(main)
-  assert e.value.code == 2
-  assert capsys.readouterr().err == "error: task.doc_stride=64 must be smaller than the 61 context tokens a window " \
-                                    "holds; lower it\n"
-  with pytest.raises(SystemExit) as e:  # a finished run's own status passes through
-    parity_device.run(lambda: 1)
-  assert e.value.code == 1

@@ -54,6 +54,14 @@ def cli(main):
   return wrapped
 
 
+def script(main):
+  """`sys.exit(main())` for an argparse script (benchmarks/*.py): a UserError it meets ends as it does in bertjax's
+  own commands, `error: ...` in one line with exit code 2, no traceback. A main that returns a result rather than
+  an exit status (a dict of figures) exits 0."""
+  status = cli(lambda argv: main())(sys.argv)
+  sys.exit(status if status is None or isinstance(status, int) else 0)
+
+
 def flag_error_line(e: Exception) -> str:
   """One line for a command-line error: a bad flag value, a config file that raised, an unknown key."""
   lines = [line.strip() for line in str(e).splitlines() if line.strip()]
