@@ -14,6 +14,9 @@
 # PARITY_SQUAD2_FLAGS="--epochs=4" (PARITY_RTE_FLAGS, ...) appends flags to a piece's command, and the last of a
 # repeated flag wins. PARITY_BUDGET (seconds, default 390) ends every piece still running then (exit 124; what it
 # printed, each seed's scores included, stays in its log), so the whole command ends within 6.5 minutes.
+# Each finished seed-side (parity_device.piece) is also copied to OUT/pieces/NAME/, which comes back from a leased
+# machine whose /tmp does not outlive the lease; PARITY_PIECES=DIR (such an OUT/pieces, carried in the checkout)
+# puts them back first, so a rerun of the same recipe on a fresh machine runs only what is missing.
 set -uo pipefail
 out="${1:?usage: PARITY_DATA=DIR PARITY_CHECKPOINT=HF_DIR bash benchmarks/parity_gpu.sh OUT_DIR}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,7 +30,7 @@ export PYTHONPATH="${root}${PYTHONPATH:+:${PYTHONPATH}}"
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/bertjax-parity-jax-cache}"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # up to three JAX processes and their PyTorch sides share the GPU
 export TF_CPP_MIN_LOG_LEVEL=2 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-work=/tmp/bertjax-parity-gpu
+work="${PARITY_WORK:-/tmp/bertjax-parity-gpu}"  # the runs' own files; PARITY_WORK moves them
 budget="${PARITY_BUDGET:-390}"
 # One shape a program: on an H200 each of bertjax's length buckets cost a 45-50 s compile of the float32 MiniLM step
 # (2026-11-28), and SQuAD at 384 fits 12 of them; padding every batch to seq_len costs the GPU little.
@@ -38,6 +41,10 @@ piece() {  # NAME SCRIPT FLAGS...: one benchmark run; its exit status and time g
   shift 2
   [ -z "${PARITY_ONLY:-}" ] || [[ " ${PARITY_ONLY} " == *" ${name} "* ]] || return 0
   rm -f "${out}/${name}.json"  # a JSON in OUT is this run's
+  mkdir -p "${work}/${name}/pieces" "${out}/pieces/${name}"
+  if [ -n "${PARITY_PIECES:-}" ] && [ -d "${PARITY_PIECES}/${name}" ]; then
+    cp -n "${PARITY_PIECES}/${name}"/*.json "${work}/${name}/pieces/" 2>/dev/null
+  fi
   local left=$((budget - SECONDS))
   if [ "${left}" -le 0 ]; then
     echo "${name}: not started (PARITY_BUDGET spent)" | tee -a "${out}/status.txt"
@@ -45,7 +52,9 @@ piece() {  # NAME SCRIPT FLAGS...: one benchmark run; its exit status and time g
   fi
   timeout -k 10 "${left}" "${python}" -u "${root}/benchmarks/${script}" "${common[@]}" --json="${out}/${name}.json" \
     "$@" ${!extra:-} >"${out}/${name}.log" 2>&1
-  echo "${name}: exit $? after $((SECONDS - t0)) s" | tee -a "${out}/status.txt"
+  local status=$?
+  cp "${work}/${name}/pieces"/*.json "${out}/pieces/${name}/" 2>/dev/null  # finished pieces, even of a stopped run
+  echo "${name}: exit ${status} after $((SECONDS - t0)) s" | tee -a "${out}/status.txt"
 }
 
 # RTE, all 2,490 training examples: run_glue's recipe (3 epochs, lr 5e-5, batch 32, seq 128), medians of 3 seeds.

@@ -95,3 +95,28 @@ def test_a_finished_piece_is_read_back_and_a_changed_recipe_reruns(tmp_path):
   assert calls == [50.0, 60.0, 49.0]
   assert not list(tmp_path.glob("pieces/*.tmp"))  # written whole, then moved into place
 
+
+
+def test_parity_gpu_sh_carries_finished_pieces_out_and_back_in(tmp_path):
+  """parity_gpu.sh copies each piece's finished seed-sides to OUT/pieces/NAME/ (what comes back from a leased machine)
+  and PARITY_PIECES puts them back into a fresh work dir; a stand-in python writes one piece per run and records
+  what it found, so no GPU is needed."""
+  import subprocess
+
+  fake = tmp_path / "python"
+  fake.write_text("#!/usr/bin/env bash\n"  # --work_dir=W: list W/pieces into OUT/found.txt, then finish a new piece
+                  'for a in "$@"; do case "$a" in --work_dir=*) w="${a#--work_dir=}" ;; esac; done\n'
+                  'ls "$w/pieces" > "$FOUND"; echo "{}" > "$w/pieces/rte-bertjax-$RANDOM.json"\n')
+  fake.chmod(0o755)
+  script = os.path.join(os.path.dirname(parity_device.__file__), "parity_gpu.sh")
+
+  def run(out, work, **env):
+    env = dict(os.environ, PYTHON=str(fake), PARITY_ONLY="rte", PARITY_WORK=str(work), FOUND=str(tmp_path / "found"),
+               **env)
+    subprocess.run(["bash", script, str(out)], env=env, capture_output=True, text=True, timeout=60)
+    return sorted(p.name for p in (out / "pieces" / "rte").glob("*.json")), (tmp_path / "found").read_text().split()
+
+  first, found = run(tmp_path / "out1", tmp_path / "work1")
+  assert len(first) == 1 and found == []  # a fresh machine: nothing to reuse; the finished piece came out
+  second, found = run(tmp_path / "out2", tmp_path / "work2", PARITY_PIECES=str(tmp_path / "out1" / "pieces"))
+  assert found == first and len(second) == 2 and first[0] in second  # put back before the run, and out again
