@@ -13,7 +13,8 @@ AdamW 5e-5, betas (0.9, 0.999), eps 1e-6, weight decay 0.01 except biases and La
 (rounded up) then linear decay to 0 over the steps after warmup (get_linear_schedule_with_warmup),
 gradient clipping 1.0, batch 32, 3 epochs (--epochs) of ceil(N / 32) batches each (the last one partial), hidden,
 attention and classifier dropout 0.1, [CLS] A [SEP] B [SEP] padded to --seq_len with the longer segment
-truncated first, the pretrained tanh pooler and a fresh linear classifier.
+truncated first, the pretrained tanh pooler and a fresh linear classifier. --torch_padding=longest pads PyTorch's
+batches to their longest row instead (run_glue's --pad_to_max_length=False; the same logits, less work).
 
 bertjax runs `python -m bertjax.finetune`'s code (`bertjax.finetune.train.finetune`, with
 epoch_mode=transformers and schedule=linear_after_warmup); PyTorch runs a plain training loop over
@@ -98,6 +99,14 @@ def torch_encode(tok, rows, columns, labels, seq_len):
   return enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], y
 
 
+def trim_padding(ids, types, mask, *rest):
+  """A right-padded batch cut to its longest row (run_glue's --pad_to_max_length=False, a dynamic-padding collator):
+  transformers' additive mask gives the padding columns exactly zero attention, so the real tokens' logits are the
+  same without computing those columns."""
+  width = int(mask.sum(1).max())
+  return (ids[:, :width], types[:, :width], mask[:, :width], *rest)
+
+
 def bertjax_draws(config, seed: int, setup: dict, n: int, head: str = "classifier") -> dict:
   """What bertjax's seed `seed` draws besides dropout: its fresh head (params[`head`]: kernel, bias) and each
   epoch's batches (the rows of every step, grouped by length as bertjax groups them)."""
@@ -113,10 +122,12 @@ def bertjax_draws(config, seed: int, setup: dict, n: int, head: str = "classifie
               epochs=[[r[r >= 0] for r in rows[e * per_epoch:(e + 1) * per_epoch]] for e in range(int(config.epochs))])
 
 
-def run_torch(config, data_dir: str, columns, labels, seed: int, draws: dict | None, device: str = "cpu") -> float:
+def run_torch(config, data_dir: str, columns, labels, seed: int, draws: dict | None, device: str = "cpu",
+              longest: bool = False) -> float:
   """run_glue's recipe in a plain loop on torch `device`: AdamW groups, warmup + linear decay, clipping. The
   classifier and the epochs' row order are torch's own (normal(0, 0.02), RandomSampler) or, paired, bertjax's
-  `draws`."""
+  `draws`. Rows are padded to seq_len (run_glue's default) or, `longest`, each batch to its longest row."""
+  fit = trim_padding if longest else lambda *batch: batch
   import torch
   import transformers
 
@@ -152,15 +163,15 @@ def run_torch(config, data_dir: str, columns, labels, seed: int, draws: dict | N
   model.train()
   for epoch in epochs:
     for batch in epoch:
-      ids, types, mask, y = (t.to(device) for t in batch)
+      ids, types, mask, y = (t.to(device) for t in fit(*batch))
       loss = model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=y).loss
       ref.train_step(loss, opt, sched, [p for _, p in named], o.clip_norm)
   model.eval()
   correct = 0
   with torch.no_grad():
     for i in range(0, len(dev[0]), 128):
-      logits = model(input_ids=dev[0][i:i + 128].to(device), token_type_ids=dev[1][i:i + 128].to(device),
-                     attention_mask=dev[2][i:i + 128].to(device)).logits
+      ids, types, mask = (t.to(device) for t in fit(*(t[i:i + 128] for t in dev[:3])))
+      logits = model(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
       correct += int((logits.argmax(-1).cpu() == dev[3][i:i + 128]).sum())
   return correct / len(dev[0])
 
@@ -200,6 +211,9 @@ def main():
   p.add_argument("--paired", type=int, default=1,
                  help="1: PyTorch's seed s starts from bertjax's seed-s classifier and row order (dropout stays each "
                       "side's own); 0: each side draws its own")
+  p.add_argument("--torch_padding", default="max_length", choices=("max_length", "longest"),
+                 help="PyTorch's rows: padded to seq_len (run_glue's default) or each batch to its longest row (the "
+                      "same logits, less work on short rows such as SST-2's)")
   p.add_argument("--work_dir", default="/tmp/bertjax-finetune-parity")
   p.add_argument("--json", default="")
   parity_device.add_flag(p)
@@ -246,7 +260,8 @@ def main():
 
       def torch_side():
         draws = bertjax_draws(config, seed, setup, len(setup["train"]["input_ids"])) if args.paired else None
-        return run_torch(config, data_dir, columns, labels, seed, draws, torch_device)
+        return run_torch(config, data_dir, columns, labels, seed, draws, torch_device,
+                         args.torch_padding == "longest")
 
       scores["pytorch"].append(parity_device.piece(args.work_dir, f"{task}-pytorch-{seed}", args, SELECTION,
                                                    torch_side))

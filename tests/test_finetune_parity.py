@@ -169,3 +169,31 @@ def test_electra_layerwise_rates_follow_the_reference_formula():
     for i, name in enumerate(e.hf):
       got = float(np.ravel(m[i] if e.stacked else m)[0])
       assert got == pytest.approx(electra_layer_rate(name, 3, 0.8), rel=1e-6), name
+
+
+def test_benchmark_longest_padding_keeps_transformers_logits(monkeypatch):
+  """benchmarks/finetune_parity.py --torch_padding=longest cuts each batch to its longest row: the logits of a
+  BertForSequenceClassification are those of the rows padded to seq_len, so the option changes the work, not the
+  recipe."""
+  import importlib.util
+
+  from conftest import REPO
+
+  monkeypatch.syspath_prepend(os.path.join(REPO, "benchmarks"))  # its parity_device, as when run as a script
+  spec = importlib.util.spec_from_file_location("finetune_parity", os.path.join(REPO, "benchmarks",
+                                                                                 "finetune_parity.py"))
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  torch.manual_seed(0)
+  model = transformers.BertForSequenceClassification(transformers.BertConfig(
+      vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+      num_labels=2)).eval()
+  lengths = torch.tensor([5, 9, 3])
+  mask = (torch.arange(24)[None] < lengths[:, None]).long()  # right-padded to seq_len 24, the longest row 9
+  ids, types, y = torch.randint(1, 50, (3, 24)) * mask, torch.zeros(3, 24, dtype=torch.long), torch.tensor([0, 1, 0])
+  trimmed = bench.trim_padding(ids, types, mask, y)
+  assert trimmed[0].shape == (3, 9) and trimmed[3] is y
+  with torch.no_grad():
+    full = model(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
+    cut = model(input_ids=trimmed[0], token_type_ids=trimmed[1], attention_mask=trimmed[2]).logits
+  np.testing.assert_allclose(cut.numpy(), full.numpy(), atol=1e-6)
