@@ -127,11 +127,12 @@ def run_torch(config, data_dir: str, columns, labels, seed: int, draws: dict | N
   """run_glue's recipe in a plain loop on torch `device`: AdamW groups, warmup + linear decay, clipping. The
   classifier and the epochs' row order are torch's own (normal(0, 0.02), RandomSampler) or, paired, bertjax's
   `draws`. Rows are padded to seq_len (run_glue's default) or, `longest`, each batch to its longest row."""
-  fit = trim_padding if longest else lambda *batch: batch
   import torch
   import transformers
 
   import torch_reference as ref
+
+  fit = trim_padding if longest else lambda *batch: batch
 
   torch.manual_seed(seed)
   tok = transformers.AutoTokenizer.from_pretrained(config.init.checkpoint)
