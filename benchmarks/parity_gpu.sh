@@ -41,7 +41,7 @@ piece() {  # NAME SCRIPT FLAGS...: one benchmark run; its exit status and time g
   shift 2
   [ -z "${PARITY_ONLY:-}" ] || [[ " ${PARITY_ONLY} " == *" ${name} "* ]] || return 0
   rm -f "${out}/${name}.json"  # a JSON in OUT is this run's
-  mkdir -p "${work}/${name}/pieces" "${out}/pieces/${name}"
+  mkdir -p "${work}/${name}/pieces" "${out}/pieces/${name}"  # each piece below passes ${work}/NAME as its work dir
   if [ -n "${PARITY_PIECES:-}" ] && [ -d "${PARITY_PIECES}/${name}" ]; then
     cp -n "${PARITY_PIECES}/${name}"/*.json "${work}/${name}/pieces/" 2>/dev/null
   fi

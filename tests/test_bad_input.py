@@ -114,7 +114,6 @@ def test_every_cli_parses_its_flags_into_one_line_errors(module):
   _one_line_error(proc, "no_such_flag")
 
 
-
 def test_a_benchmark_script_ends_a_user_error_in_one_line(capsys):
   from bertjax.core.cli import script
   from bertjax.core.errors import UserError
@@ -150,6 +149,7 @@ def test_every_benchmark_is_entered_through_the_cli():
   assert len(entries) >= 20
   bare = [name for name, block in entries.items() if not re.search(r"cli\.(script|run)\(", block)]
   assert not bare, f"{bare} run main() without bertjax.core.cli: a UserError would print a traceback"
+
 
 @pytest.mark.slow  # 11-19 s cold: the normal tier keeps under 8 minutes on 2 cores
 def test_without_workdir_a_run_gets_a_fresh_one(tmp_path, monkeypatch):

@@ -96,7 +96,6 @@ def test_a_finished_piece_is_read_back_and_a_changed_recipe_reruns(tmp_path):
   assert not list(tmp_path.glob("pieces/*.tmp"))  # written whole, then moved into place
 
 
-
 def test_parity_gpu_sh_carries_finished_pieces_out_and_back_in(tmp_path):
   """parity_gpu.sh copies each piece's finished seed-sides to OUT/pieces/NAME/ (what comes back from a leased machine)
   and PARITY_PIECES puts them back into a fresh work dir; a stand-in python writes one piece per run and records
