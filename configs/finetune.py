@@ -76,6 +76,10 @@ def get_config(arg: str = "sst2"):
   c.eval_every = 0  # 0: evaluate only at the end
   c.eval_batch_size = 64
   c.save_model = False  # write each seed's fine-tuned model to WORKDIR/seed_S/model (what bertjax.compress.prune reads)
+  # Every this many steps, save the seed's params and optimizer state to WORKDIR/seed_S/checkpoints; a rerun with
+  # the same workdir and recipe resumes there, exactly (batches and dropout are pure functions of (seed, step)), and
+  # reuses finished seeds (WORKDIR/seed_S/result.json). 0: no checkpoints, every run starts over.
+  c.checkpoint_every = 0
   # Early exit (docs/early_exit.md): a classifier after every layer, trained as the method does, each example
   # leaving at the first layer its rule allows. "" off | deebert (entropy < threshold; two stages) | pabee
   # (threshold = patience, layers agreeing in a row; joint, depth-weighted) | fastbert (normalized entropy <

@@ -174,6 +174,58 @@ def test_tiny_model_learns_a_generated_pair_task(tmp_path, capsys):
   assert train.predict(params, evals, model, 64).argmax(-1).__eq__(evals["label"]).mean() == accs[1]
 
 
+def test_checkpointed_fine_tuning_resumes_exactly_and_reuses_finished_seeds(tmp_path, monkeypatch, capsys):
+  """A seed killed mid-run resumes from its last checkpoint and trains on as if never stopped (same losses step by
+  step, same result); a finished seed is reused; another recipe in the same workdir is a one-line error."""
+  from bertjax.core.errors import UserError
+
+  task_dir, ckpt = pair_task_and_checkpoint(tmp_path, n_train=64)
+  config = load_config("configs/finetune.py:tiny")
+  config.task.name, config.task.text_a, config.task.text_b = "pairs", "sentence1", "sentence2"
+  config.task.source, config.init.checkpoint = f"tsv:{task_dir}", ckpt
+  config.total_steps, config.seq_len, config.log_every = 10, 32, 1  # dropout on: its draws must resume too
+  setup = ft_train.prepare(config)  # shared, as finetune() shares it between seeds: one compiled step for all runs
+  other = config.copy_and_resolve_references()
+  other.learning_rate *= 2
+
+  def run(name, config=config):
+    return ft_train.run_seed(config, 0, setup, str(tmp_path / name))
+
+  def losses(name):
+    rows = [json.loads(line) for line in open(tmp_path / name / "seed_0" / "metrics.jsonl")]
+    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+  straight = run("straight")
+  config.checkpoint_every = 4
+  original = ft_train.train_batch
+
+  def killed_at_step_6(arrays, step, *a, **k):
+    if step == 6:
+      raise KeyboardInterrupt
+    return original(arrays, step, *a, **k)
+
+  monkeypatch.setattr(ft_train, "train_batch", killed_at_step_6)
+  with pytest.raises(KeyboardInterrupt):
+    run("resumed")
+  monkeypatch.setattr(ft_train, "train_batch", original)
+  assert os.listdir(tmp_path / "resumed" / "seed_0" / "checkpoints") == ["4"]  # keeps the last
+  other.checkpoint_every = 4
+  with pytest.raises(UserError, match=r"holds a checkpoint of another fine-tuning recipe \(step 4\); pass a new"):
+    run("resumed", other)
+  capsys.readouterr()
+  resumed = run("resumed")
+  assert "seed 0: resumed at step 4" in capsys.readouterr().out
+  ours, reference = losses("resumed"), losses("straight")
+  assert sorted(ours) == list(range(1, 11))  # steps 1-6 before the kill, 5-10 after it (the later line counts)
+  for step in range(5, 11):
+    assert ours[step] == pytest.approx(reference[step], rel=1e-6, abs=1e-7), step
+  assert resumed == pytest.approx(straight)
+  assert not os.path.exists(tmp_path / "resumed" / "seed_0" / "checkpoints")  # done: result.json stands for them
+  assert run("resumed") == resumed and "seed 0: finished earlier" in capsys.readouterr().out
+  with pytest.raises(UserError, match="is the result of another fine-tuning recipe; pass a new --workdir"):
+    run("resumed", other)
+
+
 def test_a_one_segment_model_reads_a_pairs_second_segment_as_type_0(tmp_path):
   """RoBERTa's shape (one segment type) fine-tuned on pairs: the tokenizer gives segment B type 1, past the
   model's table (its embedding would be NaN, and so every loss); the trainer reads it as type 0, as RoBERTa's own

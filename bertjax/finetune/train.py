@@ -8,9 +8,11 @@ dropout. Runs on the default device with jit (fine-tuning sets are small; no mes
 
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import os
+import shutil
 import time
 
 import jax
@@ -27,11 +29,14 @@ from bertjax.finetune.classification import task as classification
 from bertjax.finetune.model import MODEL_DIR, layer_multipliers, scale_by_tree
 from bertjax.hf import inference
 from bertjax.model import config as model_config, unstacked
-from bertjax.train import optim
+from bertjax.train import checkpoint, optim
 from bertjax.train.metrics import MetricWriter
 
 
 EPOCH_MODES = ("bert", "transformers")
+RESULT_FILE = "result.json"  # a finished seed's metrics and timing, under workdir/seed_S/ (with checkpoint_every)
+# Config keys that leave a seed's training as it is: a checkpoint written under other values of these still resumes.
+BOOKKEEPING = ("seed", "seeds", "log_every", "eval_every", "checkpoint_every", "save_model")
 
 
 def _check(ok: bool, message: str):
@@ -52,6 +57,7 @@ def validate(config):
   _check(config.epoch_mode in EPOCH_MODES, f"epoch_mode={config.epoch_mode!r}; use one of {', '.join(EPOCH_MODES)}")
   _check(config.optimizer.schedule in optim.SCHEDULES,
          f"optimizer.schedule={config.optimizer.schedule!r}; use one of {', '.join(optim.SCHEDULES)}")
+  _check(config.get("checkpoint_every", 0) >= 0, f"checkpoint_every={config.get('checkpoint_every')} must be >= 0")
   _check(config.get("length_window", 0) >= 0, f"length_window={config.get('length_window')} must be >= 0")
   _check(not config.get("pack_train", False) or tasks.kind_of(config) == "classification",
          f"pack_train=True packs classification batches only; this task is {tasks.kind_of(config)}: set "
@@ -249,9 +255,50 @@ def seed_start(config, seed: int, setup: dict) -> tuple:
   return train_model, jax.tree.map(jnp.copy, params)
 
 
+def recipe_digest(config) -> str:
+  """A short hash of everything in `config` that decides a seed's training (all but BOOKKEEPING)."""
+  recipe = {k: v for k, v in config.to_dict().items() if k not in BOOKKEEPING}
+  return hashlib.sha1(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def resume_point(ckpt, config, seed_dir: str) -> dict:
+  """The manifest of the seed's latest checkpoint ({} if none): step, recipe and the time and tokens counted so
+  far. A checkpoint of another recipe is a one-line error, never resumed."""
+  step = ckpt.latest_step()
+  if step is None:
+    return {}
+  manifest = ckpt.manifest(step)
+  if manifest.get("recipe") != recipe_digest(config):
+    raise UserError(f"{seed_dir} holds a checkpoint of another fine-tuning recipe (step {step}); pass a new --workdir, "
+                    f"or delete {ckpt.directory} to start this seed over")
+  return manifest
+
+
+def _saved(params, opt_state, state) -> dict:
+  """What a seed's checkpoint holds: params, optimizer state, and the forward pass's own state where there is one."""
+  return dict(params=params, opt_state=opt_state, **({"state": state} if state is not None else {}))
+
+
 def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
-  """Fine-tunes once with `seed`; returns the task's final eval metrics (and writes them per step)."""
+  """Fine-tunes once with `seed`; returns the task's final eval metrics (and writes them per step). With
+  config.checkpoint_every, resumes from the seed's latest checkpoint, or returns a finished seed's result.json."""
   task, total, warmup = setup["task"], setup["total"], setup["warmup"]
+  seed_dir = os.path.join(workdir, f"seed_{seed}")
+  os.makedirs(seed_dir, exist_ok=True)
+  every = config.get("checkpoint_every", 0)
+  done_file = os.path.join(seed_dir, RESULT_FILE)
+  if every and os.path.exists(done_file):
+    with open(done_file) as f:
+      finished = json.load(f)
+    if finished["recipe"] == recipe_digest(config):
+      print(f"seed {seed}: finished earlier, reusing {done_file}", flush=True)
+      setup.setdefault("timing", []).append(finished["timing"])
+      return finished["result"]
+    raise UserError(f"{done_file} is the result of another fine-tuning recipe; pass a new --workdir, or delete "
+                    f"{seed_dir} to run this seed again")
+  ckpt = checkpoint.Checkpointer(seed_dir, keep=1, async_save=False) if every else None  # sync: the step donates
+  resumed = resume_point(ckpt, config, seed_dir) if ckpt else {}
+  start = resumed.get("step", 0)
   train_model, params = seed_start(config, seed, setup)
   eval_model = train_model.clone(deterministic=True)
   outputs_of = evaluator(config, eval_model, setup["eval"], setup["eval_layout"],
@@ -264,19 +311,22 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
     ids = np.zeros((1, 8), np.int32)
     state = q8bert.init_ranges(train_model, ids, ids, ids + 1)
   stages = training_stages(task, config)
-  seed_dir = os.path.join(workdir, f"seed_{seed}")
-  os.makedirs(seed_dir, exist_ok=True)
   writer = MetricWriter(seed_dir)
   train, layout = setup["train"], setup["train_layout"]
-  losses, t0, t_log = [], time.time(), time.time()
+  seconds_eval = resumed.get("eval_seconds", 0.0)
+  losses, t0, t_log = [], time.time() - resumed.get("train_seconds", 0.0) - seconds_eval, time.time()
   positions = real = 0  # computed token positions and real tokens since the last log line
-  positions_all = real_all = seconds_eval = 0
+  positions_all, real_all = resumed.get("positions", 0), resumed.get("real", 0)
   result = {}
-  for step in range(total * len(stages)):  # each stage runs `total` steps over the same batches, a fresh optimizer
+  for step in range(start, total * len(stages)):  # each stage: `total` steps over the same batches, a fresh optimizer
     stage, stage_step = divmod(step, total)
-    if stage_step == 0:
+    if stage_step == 0 or step == start:
       tx = make_tx(config, params, setup["cfg"], total, warmup, stages[stage])
       opt_state = tx.init(params)
+      if step == start and start:  # a resumed seed: its saved state, in the layout of a fresh one
+        saved = ckpt.restore(_saved(params, opt_state, state), start)
+        params, opt_state, state = saved["params"], saved["opt_state"], saved.get("state")
+        print(f"seed {seed}: resumed at step {start} from {ckpt.directory}", flush=True)
       step_fn = setup.setdefault(("step_fn", stage), jax.jit(functools.partial(
           train_step, model=train_model, tx=tx, task_loss=stages[stage].loss), donate_argnums=(0, 1, 5)))
     batch = train_batch(train, stage_step, config, seed, layout)
@@ -302,12 +352,16 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
       result = task.evaluate(outputs_of(params, state), setup["data"], config, seed_dir)
       writer.write(done, {f"eval/{k}": v for k, v in result.items()})
       seconds_eval += time.time() - t_eval
+    if ckpt and done % every == 0 and done % total:  # not at a stage's end: the next stage starts a fresh optimizer
+      ckpt.save(done, _saved(params, opt_state, state), dict(
+          step=done, recipe=recipe_digest(config), train_seconds=time.time() - t0 - seconds_eval,
+          eval_seconds=seconds_eval, positions=positions_all, real=real_all))
   writer.close()
   # The seed's cost (compiles included, so the first seed of a run pays them): training steps, evaluations,
   # and the share of the token positions computed that were real tokens (what length buckets raise).
-  setup.setdefault("timing", []).append(dict(train_seconds=time.time() - t0 - seconds_eval,
-                                             eval_seconds=seconds_eval, real_token_share=real_all / positions_all,
-                                             buckets=[int(b) for b in layout.buckets]))
+  timing = dict(train_seconds=time.time() - t0 - seconds_eval, eval_seconds=seconds_eval,
+                real_token_share=real_all / positions_all, buckets=[int(b) for b in layout.buckets])
+  setup.setdefault("timing", []).append(timing)
   if config.save_model and hasattr(task, "save_model"):
     # The run config names the tokenizer the run used: a pretraining workdir's may be its cache's, unnamed in its
     # config, and the saved model must find it without the workdir it came from.
@@ -316,6 +370,13 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
     task.save_model(os.path.join(seed_dir, MODEL_DIR), run_config, eval_model, params)
     if state is not None:  # the learned ranges travel with the model (q8bert.load_ranges reads them)
       q8bert.save_ranges(os.path.join(seed_dir, MODEL_DIR), state)
+  if ckpt:  # the seed is done: its result stands for it, and its checkpoints go
+    with open(done_file + ".tmp", "w") as f:
+      json.dump(dict(recipe=recipe_digest(config), result=result, timing=timing), f, indent=1,
+                default=lambda v: v.tolist())
+    os.replace(done_file + ".tmp", done_file)
+    ckpt.close()
+    shutil.rmtree(ckpt.directory, ignore_errors=True)
   return result
 
 
