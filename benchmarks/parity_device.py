@@ -52,13 +52,17 @@ def configure(config, args):
   return config
 
 
+def recipe(args, selection) -> tuple[dict, str]:
+  """(recipe, HASH): every flag of `args` except the seed flags and the script's `selection` ones (which tasks or
+  modes run, and where reports go: they do not change a result), and a short hash of them."""
+  flags = {k: v for k, v in vars(args).items() if k not in SEED_FLAGS + tuple(selection)}
+  return flags, hashlib.sha1(json.dumps(flags, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
 def piece(workdir: str, name: str, args, selection, run):
-  """`run()`'s result (JSON: numbers, lists, dicts), stored as workdir/pieces/NAME-HASH.json where HASH covers every
-  flag of `args` except the seed flags and the script's `selection` ones (which tasks or modes run, and where reports
-  go: they do not change a piece's result); an existing file is read back instead of running again. Delete it to
-  rerun."""
-  recipe = {k: v for k, v in vars(args).items() if k not in SEED_FLAGS + tuple(selection)}
-  digest = hashlib.sha1(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:10]
+  """`run()`'s result (JSON: numbers, lists, dicts), stored as workdir/pieces/NAME-HASH.json (HASH: `recipe`'s); an
+  existing file is read back instead of running again. Delete it to rerun."""
+  flags, digest = recipe(args, selection)
   path = os.path.join(workdir, "pieces", f"{name}-{digest}.json")
   if os.path.exists(path):
     print(f"{name}: reusing the finished piece {path}", flush=True)
@@ -66,7 +70,7 @@ def piece(workdir: str, name: str, args, selection, run):
     result = run()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as f:  # numpy scalars and arrays among the results become numbers and lists
-      json.dump(dict(recipe=recipe, result=result), f, indent=1, default=lambda v: v.tolist())
+      json.dump(dict(recipe=flags, result=result), f, indent=1, default=lambda v: v.tolist())
     os.replace(path + ".tmp", path)  # a run killed while writing leaves no half piece
   with open(path) as f:
     return json.load(f)["result"]  # the same types whether it ran now or earlier

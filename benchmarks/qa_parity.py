@@ -107,6 +107,7 @@ def bertjax_config(args, version: str, data_dir: str, seed: int):
   c.epoch_mode, c.optimizer.schedule = "transformers", "linear_after_warmup"
   c.optimizer.weight_decay, c.optimizer.eps, c.log_every = 0.0, 1e-8, 1000
   c.optimizer.bias_correction = True  # run_qa.py's torch AdamW (the squad presets default to BERT's rule, without)
+  c.checkpoint_every = args.checkpoint_every
   return parity_device.configure(c, args)
 
 
@@ -168,9 +169,10 @@ def torch_postprocess(questions, windows, start, end, n_best: int, max_len: int,
   return preds, odds, time.time() - t0
 
 
-def run_torch(args, config, setup, seed: int, device: str = "cpu") -> tuple[dict, float, float]:
+def run_torch(args, config, setup, seed: int, device: str = "cpu", state_file: str = "") -> tuple[dict, float, float]:
   """(metrics, training seconds, post-processing seconds) of a plain PyTorch loop over BertForQuestionAnswering on
-  torch `device`."""
+  torch `device`. With --checkpoint_every, saves model, optimizer, schedule and RNG state to `state_file` that often
+  and resumes from it (the caller deletes it once the piece is kept)."""
   import numpy as np
   import torch
   import transformers
@@ -200,8 +202,19 @@ def run_torch(args, config, setup, seed: int, device: str = "cpu") -> tuple[dict
   total = per_epoch * int(config.epochs)
   assert draws is None or len(draws["rows"]) == total, "bertjax and PyTorch count the steps differently"
   sched = transformers.get_linear_schedule_with_warmup(opt, 0, total)
-  t0 = time.time()
-  for step in range(total):
+  start, seconds = 0, 0.0
+  if args.checkpoint_every and os.path.exists(state_file):
+    saved = torch.load(state_file, weights_only=False)
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    sched.load_state_dict(saved["sched"])
+    torch.random.set_rng_state(saved["rng"])
+    if saved["cuda_rng"]:
+      torch.cuda.set_rng_state_all(saved["cuda_rng"])
+    start, seconds = saved["step"], saved["train_s"]
+    print(f"pytorch seed {seed}: resumed at step {start} from {state_file}", flush=True)
+  t0 = time.time() - seconds
+  for step in range(start, total):
     epoch, k = divmod(step, per_epoch)
     if draws is not None:
       idx = draws["rows"][step]
@@ -217,6 +230,12 @@ def run_torch(args, config, setup, seed: int, device: str = "cpu") -> tuple[dict
     opt.step()
     sched.step()
     opt.zero_grad()
+    if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < total:
+      torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), sched=sched.state_dict(),
+                      rng=torch.random.get_rng_state(),
+                      cuda_rng=torch.cuda.get_rng_state_all() if device != "cpu" else [], step=step + 1,
+                      train_s=time.time() - t0), state_file + ".tmp")
+      os.replace(state_file + ".tmp", state_file)  # a kill while saving keeps the previous state
   train_s = time.time() - t0
   model.eval()
   ev = setup["eval"]
@@ -242,7 +261,8 @@ def run_torch(args, config, setup, seed: int, device: str = "cpu") -> tuple[dict
   return metrics, train_s, post_s
 
 
-SELECTION = ("modes", "workdir", "json")  # besides the seeds: flags that choose what runs, not its result
+# Besides the seeds: flags that choose what runs or how it is kept, not its result (checkpoints resume exactly).
+SELECTION = ("modes", "workdir", "json", "checkpoint_every")
 
 
 def main():
@@ -262,6 +282,9 @@ def main():
                  help="1: PyTorch's seed s starts from bertjax's seed-s head and batches (dropout stays each side's "
                       "own); 0: each side draws its own")
   p.add_argument("--workdir", default="/tmp/qa_parity")
+  p.add_argument("--checkpoint_every", type=int, default=0,
+                 help="save each side's training state every N steps under WORKDIR/partial and resume a rerun there "
+                      "(a side too long for one sitting); 0: none")
   p.add_argument("--json", default="")
   parity_device.add_flag(p)
   parity_device.add_seed_flags(p, seeds=2)
@@ -284,16 +307,21 @@ def main():
     from bertjax.finetune import train
 
     setup = train.prepare(bertjax_config(args, version, data_dir, 0))  # windows shared by both sides and all seeds
+    digest = parity_device.recipe(args, SELECTION)[1]
+    partial = os.path.join(args.workdir, "partial", f"v{version}-{{side}}-{{seed}}-{digest}")  # unfinished sides
     for seed in range(args.first_seed, args.first_seed + args.seeds):
       config = bertjax_config(args, version, data_dir, seed)
-      workdir = os.path.join(args.workdir, f"bj{version}-{seed}")
+      workdir, state_file = partial.format(side="bertjax", seed=seed), partial.format(side="pytorch", seed=seed) + ".pt"
       ours, train_s, post_s = parity_device.piece(args.workdir, f"v{version}-bertjax-{seed}", args, SELECTION,
                                                   lambda: run_bertjax(config, setup, workdir))
       rows["bertjax"].append((ours[em_key], ours["f1"], train_s, post_s))
       print(f"v{version} seed {seed} bertjax: EM {ours[em_key]:.2f} F1 {ours['f1']:.2f} "
             f"(train {train_s:.0f}s, post {post_s:.3f}s)", flush=True)
       theirs, train_s, post_s = parity_device.piece(args.workdir, f"v{version}-pytorch-{seed}", args, SELECTION,
-                                                    lambda: run_torch(args, config, setup, seed, torch_device))
+                                                    lambda: run_torch(args, config, setup, seed, torch_device,
+                                                                      state_file))
+      if os.path.exists(state_file):  # the piece stands for it now
+        os.remove(state_file)
       rows["torch"].append((theirs[em_key], theirs["f1"], train_s, post_s, theirs["f1_bertjax_post"]))
       print(f"v{version} seed {seed} pytorch: EM {theirs[em_key]:.2f} F1 {theirs['f1']:.2f} "
             f"(train {train_s:.0f}s, post {post_s:.3f}s; F1 {theirs['f1_bertjax_post']:.2f} with bertjax's "

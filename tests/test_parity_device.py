@@ -119,3 +119,49 @@ def test_parity_gpu_sh_carries_finished_pieces_out_and_back_in(tmp_path):
   assert len(first) == 1 and found == []  # a fresh machine: nothing to reuse; the finished piece came out
   second, found = run(tmp_path / "out2", tmp_path / "work2", PARITY_PIECES=str(tmp_path / "out1" / "pieces"))
   assert found == first and len(second) == 2 and first[0] in second  # put back before the run, and out again
+
+
+def test_qa_parity_pytorch_side_resumes_where_it_was_stopped(tmp_path, monkeypatch, capsys):
+  """qa_parity --checkpoint_every: a PyTorch side stopped mid-training resumes from its state file and ends with the
+  parameters of a run never stopped (model, AdamW moments, schedule and dropout RNG all carried)."""
+  import argparse
+
+  import qa_parity
+  import transformers
+  from bertjax.finetune import train
+  from conftest import tiny_hf_checkpoint
+  from test_squad import _tiny_squad
+
+  data = tmp_path / "data"
+  data.mkdir()
+  args = argparse.Namespace(checkpoint=tiny_hf_checkpoint(tmp_path, _tiny_squad(str(data), 100, 8, "2.0")),
+                            seq_len=32, doc_stride=8, lr=1e-3, epochs=1, paired=0, checkpoint_every=0)
+  config = qa_parity.bertjax_config(args, "2.0", str(data), 0)
+  config.task.max_query_length = 8
+  setup = train.prepare(config)
+  assert len(setup["train"]["input_ids"]) > 16 * 4  # more steps after the stop than before it
+  models = []
+  load = transformers.BertForQuestionAnswering.from_pretrained
+  monkeypatch.setattr(transformers.BertForQuestionAnswering, "from_pretrained",
+                      lambda *a, **k: models.append(load(*a, **k)) or models[-1])
+  straight = qa_parity.run_torch(args, config, setup, 0)[0]
+  args.checkpoint_every, state_file = 2, str(tmp_path / "side.pt")
+  clip, calls = torch.nn.utils.clip_grad_norm_, []
+
+  def stopped_in_step_4(*a, **k):
+    calls.append(1)
+    if len(calls) == 4:
+      raise KeyboardInterrupt
+    return clip(*a, **k)
+
+  monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", stopped_in_step_4)
+  with pytest.raises(KeyboardInterrupt):
+    qa_parity.run_torch(args, config, setup, 0, state_file=state_file)
+  monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+  assert torch.load(state_file, weights_only=False)["step"] == 2
+  capsys.readouterr()
+  resumed = qa_parity.run_torch(args, config, setup, 0, state_file=state_file)[0]
+  assert f"pytorch seed 0: resumed at step 2 from {state_file}" in capsys.readouterr().out
+  for (name, ours), theirs in zip(models[2].named_parameters(), models[0].parameters()):
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0, msg=name)
+  assert resumed == pytest.approx(straight)
