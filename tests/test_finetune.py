@@ -210,7 +210,7 @@ def test_checkpointed_fine_tuning_resumes_exactly_and_reuses_finished_seeds(tmp_
   monkeypatch.setattr(ft_train, "train_batch", original)
   assert os.listdir(tmp_path / "resumed" / "seed_0" / "checkpoints") == ["4"]  # keeps the last
   other.checkpoint_every = 4
-  with pytest.raises(UserError, match=r"holds a checkpoint of another fine-tuning recipe \(step 4\); pass a new"):
+  with pytest.raises(UserError, match=r"the checkpoint at step 4 in .* is another fine-tuning recipe's; pass a new"):
     run("resumed", other)
   capsys.readouterr()
   resumed = run("resumed")
@@ -222,8 +222,11 @@ def test_checkpointed_fine_tuning_resumes_exactly_and_reuses_finished_seeds(tmp_
   assert resumed == pytest.approx(straight)
   assert not os.path.exists(tmp_path / "resumed" / "seed_0" / "checkpoints")  # done: result.json stands for them
   assert run("resumed") == resumed and "seed 0: finished earlier" in capsys.readouterr().out
-  with pytest.raises(UserError, match="is the result of another fine-tuning recipe; pass a new --workdir"):
+  with pytest.raises(UserError, match=r"result.json is another fine-tuning recipe's; pass a new --workdir"):
     run("resumed", other)
+  with pytest.raises(UserError, match="another fine-tuning recipe's"):  # the command refuses before writing anything
+    ft_train.finetune(other, str(tmp_path / "resumed"))
+  assert sorted(os.listdir(tmp_path / "resumed")) == ["seed_0"]  # no config.json of the refused recipe
 
 
 def test_a_one_segment_model_reads_a_pairs_second_segment_as_type_0(tmp_path):

@@ -261,17 +261,24 @@ def recipe_digest(config) -> str:
   return hashlib.sha1(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def resume_point(ckpt, config, seed_dir: str) -> dict:
-  """The manifest of the seed's latest checkpoint ({} if none): step, recipe and the time and tokens counted so
-  far. A checkpoint of another recipe is a one-line error, never resumed."""
-  step = ckpt.latest_step()
-  if step is None:
-    return {}
-  manifest = ckpt.manifest(step)
-  if manifest.get("recipe") != recipe_digest(config):
-    raise UserError(f"{seed_dir} holds a checkpoint of another fine-tuning recipe (step {step}); pass a new --workdir, "
-                    f"or delete {ckpt.directory} to start this seed over")
-  return manifest
+def saved_progress(config, seed_dir: str) -> dict:
+  """What an earlier run with checkpoint_every left in `seed_dir`: a finished seed's result.json (with "result"), a
+  started one's latest checkpoint manifest (with "step" and the time and tokens counted so far), or {}. Another
+  recipe's is a one-line error: never resumed, never reused."""
+  done_file, ckpt_dir = os.path.join(seed_dir, RESULT_FILE), os.path.join(seed_dir, "checkpoints")
+  record = {}
+  if os.path.exists(done_file):
+    with open(done_file) as f:
+      record, what = json.load(f), done_file
+  elif os.path.isdir(ckpt_dir):
+    ckpt = checkpoint.Checkpointer(seed_dir, keep=1, async_save=False)
+    step = ckpt.latest_step()
+    record, what = (ckpt.manifest(step) if step is not None else {}), f"the checkpoint at step {step} in {ckpt_dir}"
+    ckpt.close()
+  if record and record.get("recipe") != recipe_digest(config):
+    raise UserError(f"{what} is another fine-tuning recipe's; pass a new --workdir, or delete {seed_dir} to run "
+                    "this seed again")
+  return record
 
 
 def _saved(params, opt_state, state) -> dict:
@@ -287,17 +294,12 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   os.makedirs(seed_dir, exist_ok=True)
   every = config.get("checkpoint_every", 0)
   done_file = os.path.join(seed_dir, RESULT_FILE)
-  if every and os.path.exists(done_file):
-    with open(done_file) as f:
-      finished = json.load(f)
-    if finished["recipe"] == recipe_digest(config):
-      print(f"seed {seed}: finished earlier, reusing {done_file}", flush=True)
-      setup.setdefault("timing", []).append(finished["timing"])
-      return finished["result"]
-    raise UserError(f"{done_file} is the result of another fine-tuning recipe; pass a new --workdir, or delete "
-                    f"{seed_dir} to run this seed again")
+  resumed = saved_progress(config, seed_dir) if every else {}
+  if "result" in resumed:
+    print(f"seed {seed}: finished earlier, reusing {done_file}", flush=True)
+    setup.setdefault("timing", []).append(resumed["timing"])
+    return resumed["result"]
   ckpt = checkpoint.Checkpointer(seed_dir, keep=1, async_save=False) if every else None  # sync: the step donates
-  resumed = resume_point(ckpt, config, seed_dir) if ckpt else {}
   start = resumed.get("step", 0)
   train_model, params = seed_start(config, seed, setup)
   eval_model = train_model.clone(deterministic=True)
@@ -432,6 +434,9 @@ def prepare(config) -> dict:
 def finetune(config, workdir: str) -> dict:
   """Runs all seeds; writes workdir/results.json and returns it (per-seed metrics and their summary)."""
   validate(config)
+  if config.get("checkpoint_every", 0):  # before anything is written: a workdir of another recipe stays as it is
+    for s in range(config.seeds):
+      saved_progress(config, os.path.join(workdir, f"seed_{config.seed + s}"))
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json(indent=2))
