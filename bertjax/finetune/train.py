@@ -300,7 +300,7 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
     setup.setdefault("timing", []).append(resumed["timing"])
     return resumed["result"]
   ckpt = checkpoint.Checkpointer(seed_dir, keep=1, async_save=False) if every else None  # sync: the step donates
-  start = resumed.get("step", 0)
+  start, recipe = resumed.get("step", 0), recipe_digest(config)
   train_model, params = seed_start(config, seed, setup)
   eval_model = train_model.clone(deterministic=True)
   outputs_of = evaluator(config, eval_model, setup["eval"], setup["eval_layout"],
@@ -356,7 +356,7 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
       seconds_eval += time.time() - t_eval
     if ckpt and done % every == 0 and done % total:  # not at a stage's end: the next stage starts a fresh optimizer
       ckpt.save(done, _saved(params, opt_state, state), dict(
-          step=done, recipe=recipe_digest(config), train_seconds=time.time() - t0 - seconds_eval,
+          step=done, recipe=recipe, train_seconds=time.time() - t0 - seconds_eval,
           eval_seconds=seconds_eval, positions=positions_all, real=real_all))
   writer.close()
   # The seed's cost (compiles included, so the first seed of a run pays them): training steps, evaluations,
@@ -374,7 +374,7 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
       q8bert.save_ranges(os.path.join(seed_dir, MODEL_DIR), state)
   if ckpt:  # the seed is done: its result stands for it, and its checkpoints go
     with open(done_file + ".tmp", "w") as f:
-      json.dump(dict(recipe=recipe_digest(config), result=result, timing=timing), f, indent=1,
+      json.dump(dict(recipe=recipe, result=result, timing=timing), f, indent=1,
                 default=lambda v: v.tolist())
     os.replace(done_file + ".tmp", done_file)
     ckpt.close()
