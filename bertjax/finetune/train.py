@@ -8,11 +8,9 @@ dropout. Runs on the default device with jit (fine-tuning sets are small; no mes
 
 import dataclasses
 import functools
-import hashlib
 import json
 import math
 import os
-import shutil
 import time
 
 import jax
@@ -24,19 +22,16 @@ from bertjax.compress import q8bert, quantize
 from bertjax.core import config as config_lib
 from bertjax.core.errors import UserError
 from bertjax.data import trees
-from bertjax.finetune import batches, tasks
+from bertjax.finetune import batches, resume, tasks
 from bertjax.finetune.classification import task as classification
 from bertjax.finetune.model import MODEL_DIR, layer_multipliers, scale_by_tree
 from bertjax.hf import inference
 from bertjax.model import config as model_config, unstacked
-from bertjax.train import checkpoint, optim
+from bertjax.train import optim
 from bertjax.train.metrics import MetricWriter
 
 
 EPOCH_MODES = ("bert", "transformers")
-RESULT_FILE = "result.json"  # a finished seed's metrics and timing, under workdir/seed_S/ (with checkpoint_every)
-# Config keys that leave a seed's training as it is: a checkpoint written under other values of these still resumes.
-BOOKKEEPING = ("seed", "seeds", "log_every", "eval_every", "checkpoint_every", "save_model")
 
 
 def _check(ok: bool, message: str):
@@ -255,37 +250,6 @@ def seed_start(config, seed: int, setup: dict) -> tuple:
   return train_model, jax.tree.map(jnp.copy, params)
 
 
-def recipe_digest(config) -> str:
-  """A short hash of everything in `config` that decides a seed's training (all but BOOKKEEPING)."""
-  recipe = {k: v for k, v in config.to_dict().items() if k not in BOOKKEEPING}
-  return hashlib.sha1(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def saved_progress(config, seed_dir: str) -> dict:
-  """What an earlier run with checkpoint_every left in `seed_dir`: a finished seed's result.json (with "result"), a
-  started one's latest checkpoint manifest (with "step" and the time and tokens counted so far), or {}. Another
-  recipe's is a one-line error: never resumed, never reused."""
-  done_file, ckpt_dir = os.path.join(seed_dir, RESULT_FILE), os.path.join(seed_dir, "checkpoints")
-  record = {}
-  if os.path.exists(done_file):
-    with open(done_file) as f:
-      record, what = json.load(f), done_file
-  elif os.path.isdir(ckpt_dir):
-    ckpt = checkpoint.Checkpointer(seed_dir, keep=1, async_save=False)
-    step = ckpt.latest_step()
-    record, what = (ckpt.manifest(step) if step is not None else {}), f"the checkpoint at step {step} in {ckpt_dir}"
-    ckpt.close()
-  if record and record.get("recipe") != recipe_digest(config):
-    raise UserError(f"{what} is another fine-tuning recipe's; pass a new --workdir, or delete {seed_dir} to run "
-                    "this seed again")
-  return record
-
-
-def _saved(params, opt_state, state) -> dict:
-  """What a seed's checkpoint holds: params, optimizer state, and the forward pass's own state where there is one."""
-  return dict(params=params, opt_state=opt_state, **({"state": state} if state is not None else {}))
-
-
 def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   """Fine-tunes once with `seed`; returns the task's final eval metrics (and writes them per step). With
   config.checkpoint_every, resumes from the seed's latest checkpoint, or returns a finished seed's result.json."""
@@ -293,14 +257,13 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
   seed_dir = os.path.join(workdir, f"seed_{seed}")
   os.makedirs(seed_dir, exist_ok=True)
   every = config.get("checkpoint_every", 0)
-  done_file = os.path.join(seed_dir, RESULT_FILE)
-  resumed = saved_progress(config, seed_dir) if every else {}
+  resumed = resume.saved_progress(config, seed_dir) if every else {}
   if "result" in resumed:
-    print(f"seed {seed}: finished earlier, reusing {done_file}", flush=True)
+    print(f"seed {seed}: finished earlier, reusing {os.path.join(seed_dir, resume.RESULT_FILE)}", flush=True)
     setup.setdefault("timing", []).append(resumed["timing"])
     return resumed["result"]
-  ckpt = checkpoint.Checkpointer(seed_dir, keep=1, async_save=False) if every else None  # sync: the step donates
-  start, recipe = resumed.get("step", 0), recipe_digest(config)
+  ckpt = resume.checkpointer(seed_dir) if every else None
+  start, recipe = resumed.get("step", 0), resume.recipe_digest(config)
   train_model, params = seed_start(config, seed, setup)
   eval_model = train_model.clone(deterministic=True)
   outputs_of = evaluator(config, eval_model, setup["eval"], setup["eval_layout"],
@@ -326,7 +289,7 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
       tx = make_tx(config, params, setup["cfg"], total, warmup, stages[stage])
       opt_state = tx.init(params)
       if step == start and start:  # a resumed seed: its saved state, in the layout of a fresh one
-        saved = ckpt.restore(_saved(params, opt_state, state), start)
+        saved = ckpt.restore(resume.tree(params, opt_state, state), start)
         params, opt_state, state = saved["params"], saved["opt_state"], saved.get("state")
         print(f"seed {seed}: resumed at step {start} from {ckpt.directory}", flush=True)
       step_fn = setup.setdefault(("step_fn", stage), jax.jit(functools.partial(
@@ -355,7 +318,7 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
       writer.write(done, {f"eval/{k}": v for k, v in result.items()})
       seconds_eval += time.time() - t_eval
     if ckpt and done % every == 0 and done % total:  # not at a stage's end: the next stage starts a fresh optimizer
-      ckpt.save(done, _saved(params, opt_state, state), dict(
+      ckpt.save(done, resume.tree(params, opt_state, state), dict(
           step=done, recipe=recipe, train_seconds=time.time() - t0 - seconds_eval,
           eval_seconds=seconds_eval, positions=positions_all, real=real_all))
   writer.close()
@@ -372,13 +335,8 @@ def run_seed(config, seed: int, setup: dict, workdir: str) -> dict:
     task.save_model(os.path.join(seed_dir, MODEL_DIR), run_config, eval_model, params)
     if state is not None:  # the learned ranges travel with the model (q8bert.load_ranges reads them)
       q8bert.save_ranges(os.path.join(seed_dir, MODEL_DIR), state)
-  if ckpt:  # the seed is done: its result stands for it, and its checkpoints go
-    with open(done_file + ".tmp", "w") as f:
-      json.dump(dict(recipe=recipe, result=result, timing=timing), f, indent=1,
-                default=lambda v: v.tolist())
-    os.replace(done_file + ".tmp", done_file)
-    ckpt.close()
-    shutil.rmtree(ckpt.directory, ignore_errors=True)
+  if ckpt:
+    resume.finish(ckpt, seed_dir, dict(recipe=recipe, result=result, timing=timing))
   return result
 
 
@@ -436,7 +394,7 @@ def finetune(config, workdir: str) -> dict:
   validate(config)
   if config.get("checkpoint_every", 0):  # before anything is written: a workdir of another recipe stays as it is
     for s in range(config.seeds):
-      saved_progress(config, os.path.join(workdir, f"seed_{config.seed + s}"))
+      resume.saved_progress(config, os.path.join(workdir, f"seed_{config.seed + s}"))
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json(indent=2))
