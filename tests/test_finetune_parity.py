@@ -2,7 +2,8 @@
 `python -m bertjax.finetune` builds them) and BertForSequenceClassification (2 and 3 labels, regression)
 or ElectraForSequenceClassification (with ELECTRA's layer-wise learning-rate decay) or
 RobertaForSequenceClassification (its dense-tanh-out_proj head on <s>, no pooler), from the same weights
-on the same batches, dropout off, float32: per-step loss to 1e-3 relative, final parameters to 1e-3."""
+on the same batches, dropout off, float32: per-step loss to 1e-3 relative, final parameters to 1e-3. And
+dropout on: each dropout knob perturbs BertForSequenceClassification's logits as transformers' does."""
 
 import functools
 import os
@@ -56,8 +57,8 @@ def electra_layer_rate(name: str, num_layers: int, decay: float) -> float:
   return decay ** (num_layers + 2 - depth)
 
 
-def random_params(config, seed=1):
-  """Pretrainer parameters as BERT initializes them (0.02 normal weights, LayerNorm 1, biases 0), drawn
+def random_params(config, seed=1, std=0.02):
+  """Pretrainer parameters as BERT initializes them (`std` normal weights, LayerNorm 1, biases 0), drawn
   with NumPy (no compile)."""
   rng = np.random.default_rng(seed)
 
@@ -65,7 +66,7 @@ def random_params(config, seed=1):
     name = path[-1].key
     if name in ("scale", "bias"):
       return np.full(shape.shape, float(name == "scale"), np.float32)
-    return rng.normal(0, 0.02, shape.shape).astype(np.float32)
+    return rng.normal(0, std, shape.shape).astype(np.float32)
 
   return jax.tree_util.tree_map_with_path(draw, build.param_shapes(config))
 
@@ -197,3 +198,59 @@ def test_benchmark_longest_padding_keeps_transformers_logits(monkeypatch):
     full = model(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
     cut = model(input_ids=trimmed[0], token_type_ids=trimmed[1], attention_mask=trimmed[2]).logits
   np.testing.assert_allclose(cut.numpy(), full.numpy(), atol=1e-6)
+
+
+DRAWS, MEAN_SQUARE_RTOL, SHIFT_CHI2 = 1000, 0.08, 40.0  # see the test's docstring
+SITES = {  # bertjax's knob (the encoder config's or the classifier's) -> transformers' config key
+    "model.dropout": "hidden_dropout_prob",
+    "model.attention_dropout": "attention_probs_dropout_prob",
+    "classifier_dropout": "classifier_dropout",
+}
+
+
+@pytest.mark.parametrize("site", [s if s == "model.dropout" else pytest.param(s, marks=pytest.mark.slow)
+                                  for s in sorted(SITES)])  # the normal tier's budget: the three sites of model.dropout
+def test_dropout_perturbs_the_logits_as_transformers_does(site, tmp_path):
+  """Each dropout knob alone at 0.1 (model.dropout: embeddings, attention output and FFN output;
+  model.attention_dropout: the attention probabilities; classifier_dropout: the pooled [CLS]) perturbs a
+  BertForSequenceClassification's logits as transformers' does, from the same weights (random, 0.15 normal, so
+  that every sublayer moves the residual stream) on DRAWS copies of one batch, each row drawing its own masks:
+  - the mean squared change of the logits from the dropout-off logits agrees to MEAN_SQUARE_RTOL (about 4 standard
+    errors; without the embeddings', the attention output's or the FFN's dropout it falls 17%, 31% or 45%, and a
+    classifier mask shared over the features raises it 25%);
+  - the mean logits of each row under dropout agree: the sum over the 16 logits of their squared z-scores is below
+    SHIFT_CHI2 (about chi-square with 16 degrees of freedom, 12-20 measured here; masks without the 1/keep scale
+    shift the means, and the sum, to several hundred).
+  The masks come from the generator model.dropout_rng picks on this platform. With the recipe equal, this is what
+  the fine-tuning parity runs (benchmarks/finetune_parity.py) leave to chance: each side's own dropout draws."""
+  pre = micro("configs/bert.py:tiny")
+  pre.model.vocab_size = 300
+  rate = dict.fromkeys(SITES, 0.0) | {site: 0.1}
+  pre.model.dropout, pre.model.attention_dropout = rate["model.dropout"], rate["model.attention_dropout"]
+  pretrained = random_params(pre, std=0.15)
+  dirs = convert.write_hf(pre, pretrained, str(tmp_path / "hf"), special=SPECIAL)
+  model = Classifier(model_config.encoder_config(pre.model), 2, rate["classifier_dropout"], deterministic=False)
+  params, _ = init_params(model, jax.random.key(3), pretrained, pretrained["sentence"]["pooler"])
+  batch = next(batches(2, pre.model.vocab_size))
+  inputs = [np.tile(batch[key], (DRAWS, 1)) for key in ("input_ids", "type_ids", "groups")]
+  plain = np.asarray(jax.jit(model.clone(deterministic=True).apply)({"params": params}, *inputs))
+  ours = np.asarray(jax.jit(lambda p, *x: model.apply({"params": p}, *x, rngs={"dropout": jax.random.key(7)}))(
+      params, *inputs))
+
+  hf = transformers.BertForSequenceClassification.from_pretrained(
+      dirs[0], num_labels=2, attn_implementation="eager", **{key: rate[knob] for knob, key in SITES.items()})
+  with torch.no_grad():
+    hf.classifier.weight.copy_(torch.tensor(np.asarray(params["classifier"]["kernel"]).T))
+    hf.classifier.bias.copy_(torch.tensor(np.asarray(params["classifier"]["bias"])))
+  hf = ref.reference_semantics(hf, dropout=True)
+  kw = dict(input_ids=ref.long(inputs[0]), token_type_ids=ref.long(inputs[1]), attention_mask=ref.long(inputs[2]))
+  torch.manual_seed(7)
+  with torch.no_grad():
+    np.testing.assert_allclose(hf.eval()(**kw).logits.numpy(), plain, atol=1e-5)  # the same network
+    theirs = hf.train()(**kw).logits.numpy()
+
+  square = [((x - plain) ** 2).mean(-1) for x in (ours, theirs)]
+  assert square[0].mean() == pytest.approx(square[1].mean(), rel=MEAN_SQUARE_RTOL)
+  a, b = (x.reshape(DRAWS, -1) for x in (ours, theirs))  # [draw, row x logit]
+  z = (a.mean(0) - b.mean(0)) / np.sqrt((a.var(0) + b.var(0)) / DRAWS)
+  assert (z ** 2).sum() < SHIFT_CHI2, np.round(z, 1)
