@@ -17,8 +17,9 @@ questions, 300 evaluation questions, sequence 192 with stride 64 (about 50 minut
 as many questions from the answerable ones of the same articles.
 
 Recipe, the same on both sides (transformers examples/pytorch/question-answering run_qa.py defaults and the
-issue's recipe): AdamW lr 3e-5 (--lr), betas (0.9, 0.999), eps 1e-8, weight decay 0, no warmup then linear decay
-to 0 (get_linear_schedule_with_warmup), gradient clipping 1.0, batch 16, 2 epochs (--epochs) of ceil(N / 16) batches
+issue's recipe): AdamW lr 3e-5 (--lr), betas (0.9, 0.999), eps 1e-8, weight decay 0, no warmup (--warmup_fraction)
+then linear decay to 0 (get_linear_schedule_with_warmup), gradient clipping 1.0, batch 16 (--batch_size), 2 epochs
+(--epochs) of ceil(N / batch) batches
 (the last one partial), dropout 0.1, max question 64 tokens, n-best 20, max answer 30 tokens, v2.0
 null threshold 0.0.
 
@@ -102,8 +103,9 @@ def bertjax_config(args, version: str, data_dir: str, seed: int):
   c = config_lib.load(os.path.join(REPO, f"configs/finetune.py:squad{version[0]}"))
   c.init.checkpoint, c.task.source = args.checkpoint, f"json:{data_dir}"
   c.seed, c.seeds, c.seq_len, c.task.doc_stride = seed, 1, args.seq_len, args.doc_stride
-  # run_qa.py / the issue's recipe (batch 16, no warmup); --lr and --epochs default to run_qa.py's README (3e-5, 2)
-  c.batch_size, c.epochs, c.learning_rate, c.warmup_steps = 16, float(args.epochs), args.lr, 0
+  # run_qa.py / the issue's recipe (defaults: batch 16, no warmup); --lr and --epochs: run_qa.py's README (3e-5, 2)
+  c.batch_size, c.epochs, c.learning_rate = args.batch_size, float(args.epochs), args.lr
+  c.warmup_steps, c.warmup_fraction = -1, args.warmup_fraction  # ceil(fraction x total), as transformers counts it
   c.epoch_mode, c.optimizer.schedule = "transformers", "linear_after_warmup"
   c.optimizer.weight_decay, c.optimizer.eps, c.log_every = 0.0, 1e-8, 1000
   c.optimizer.bias_correction = True  # run_qa.py's torch AdamW (the squad presets default to BERT's rule, without)
@@ -201,7 +203,8 @@ def run_torch(args, config, setup, seed: int, device: str = "cpu", state_file: s
   per_epoch = math.ceil(n / bs)
   total = per_epoch * int(config.epochs)
   assert draws is None or len(draws["rows"]) == total, "bertjax and PyTorch count the steps differently"
-  sched = transformers.get_linear_schedule_with_warmup(opt, 0, total)
+  warmup = math.ceil(config.warmup_fraction * total)  # TrainingArguments.get_warmup_steps for --warmup_steps < 1
+  sched = transformers.get_linear_schedule_with_warmup(opt, warmup, total)
   start, seconds = 0, 0.0
   if args.checkpoint_every and os.path.exists(state_file):
     saved = torch.load(state_file, weights_only=False)
@@ -277,6 +280,10 @@ def main():
   p.add_argument("--lr", type=float, default=3e-5, help="both sides (run_qa.py's README: 3e-5)")
   p.add_argument("--epochs", type=int, default=2, help="both sides (run_qa.py's README: 2)")
   p.add_argument("--doc_stride", type=int, default=64)
+  p.add_argument("--batch_size", type=int, default=16, help="both sides (run_qa.py's README: 12; the issue's: 16)")
+  p.add_argument("--warmup_fraction", type=float, default=0.0,
+                 help="both sides: linear warmup over ceil(this x total) steps, then linear decay (transformers' "
+                      "--warmup_steps below 1, formerly --warmup_ratio)")
   p.add_argument("--modes", default="2.0,1.1")
   p.add_argument("--paired", type=int, default=1,
                  help="1: PyTorch's seed s starts from bertjax's seed-s head and batches (dropout stays each side's "
@@ -297,7 +304,8 @@ def main():
   counts = split(args, args.workdir)
   print(f"data: {args.data} by article: first {args.train_articles} train, last {args.eval_articles} eval; "
         f"questions {counts}; "
-        f"seq {args.seq_len} stride {args.doc_stride}; "
+        f"seq {args.seq_len} stride {args.doc_stride}; batch {args.batch_size}, lr {args.lr} x {args.epochs} epochs, "
+        f"warmup {args.warmup_fraction}; "
         f"{'paired seeds (same head and batches, own dropout)' if args.paired else 'unpaired seeds'}", flush=True)
   report = {}
   for version in args.modes.split(","):

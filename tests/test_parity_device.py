@@ -135,16 +135,25 @@ def test_qa_parity_pytorch_side_resumes_where_it_was_stopped(tmp_path, monkeypat
   data = tmp_path / "data"
   data.mkdir()
   args = argparse.Namespace(checkpoint=tiny_hf_checkpoint(tmp_path, _tiny_squad(str(data), 100, 8, "2.0")),
-                            seq_len=32, doc_stride=8, lr=1e-3, epochs=1, paired=0, checkpoint_every=0)
+                            seq_len=32, doc_stride=8, lr=1e-3, epochs=1, paired=0, checkpoint_every=0,
+                            batch_size=8, warmup_fraction=0.3)
   config = qa_parity.bertjax_config(args, "2.0", str(data), 0)
   config.task.max_query_length = 8
   setup = train.prepare(config)
-  assert len(setup["train"]["input_ids"]) > 16 * 4  # more steps after the stop than before it
-  models = []
-  load = transformers.BertForQuestionAnswering.from_pretrained
+  assert len(setup["train"]["input_ids"]) > 8 * 6  # more steps after the stop than before it, warmup among them
+  models, schedules = [], []
+  load, schedule = transformers.BertForQuestionAnswering.from_pretrained, transformers.get_linear_schedule_with_warmup
   monkeypatch.setattr(transformers.BertForQuestionAnswering, "from_pretrained",
                       lambda *a, **k: models.append(load(*a, **k)) or models[-1])
+  monkeypatch.setattr("transformers.get_linear_schedule_with_warmup",  # the module run_torch's import finds
+                      lambda opt, *steps: schedules.append(steps) or schedule(opt, *steps))
   straight = qa_parity.run_torch(args, config, setup, 0)[0]
+  # --batch_size and --warmup_fraction reach both sides alike: bertjax's step counts are the PyTorch loop's, and its
+  # warmup is transformers' own count for a fractional --warmup_steps
+  total, warmup = train.step_counts(config, len(setup["train"]["input_ids"]))
+  assert schedules == [(warmup, total)] and total == -(-len(setup["train"]["input_ids"]) // 8)
+  hf_args = types.SimpleNamespace(warmup_steps=0.3)  # TrainingArguments itself needs accelerate, not in the extra
+  assert warmup == transformers.TrainingArguments.get_warmup_steps(hf_args, total) > 1
   args.checkpoint_every, state_file = 2, str(tmp_path / "side.pt")
   clip, calls = torch.nn.utils.clip_grad_norm_, []
 
