@@ -148,9 +148,7 @@ def run_torch(config, data_dir: str, columns, labels, seed: int, draws: dict | N
                                          generator=torch.Generator().manual_seed(seed))
     epochs = [loader] * int(config.epochs)
   else:
-    with torch.no_grad():
-      model.classifier.weight.copy_(torch.from_numpy(draws["kernel"].T))
-      model.classifier.bias.copy_(torch.from_numpy(draws["bias"]))
+    ref.set_linear(model.classifier, draws)
     epochs = [[[t[torch.from_numpy(rows)] for t in train] for rows in epoch] for epoch in draws["epochs"]]
   total = sum(len(e) for e in epochs)
   warmup = math.ceil(config.warmup_fraction * total)

@@ -172,9 +172,7 @@ def run_torch(config, data_dir, labels, seed: int, draws, device: str = "cpu") -
   bs = config.batch_size
   n = len(train)
   if draws is not None:
-    with torch.no_grad():
-      model.classifier.weight.copy_(torch.from_numpy(draws["kernel"].T))
-      model.classifier.bias.copy_(torch.from_numpy(draws["bias"]))
+    ref.set_linear(model.classifier, draws)
     orders = draws["orders"]
   else:
     g = torch.Generator().manual_seed(seed)

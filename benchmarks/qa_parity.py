@@ -186,15 +186,13 @@ def run_torch(args, config, setup, seed: int, device: str = "cpu", state_file: s
   torch.manual_seed(seed)
   model = transformers.BertForQuestionAnswering.from_pretrained(args.checkpoint).to(device)
   import finetune_parity
+  import torch_reference as ref  # on the path once finetune_parity is imported
 
   draws = None
   if args.paired:  # bertjax's seed-s qa_outputs head and batches (epoch-aligned, as its epoch_mode transformers)
     draws = finetune_parity.bertjax_draws(config, seed, setup, len(setup["train"]["input_ids"]), "qa_outputs")
     draws["rows"] = [rows for epoch in draws["epochs"] for rows in epoch]
-  if draws is not None:
-    with torch.no_grad():
-      model.qa_outputs.weight.copy_(torch.from_numpy(draws["kernel"].T))
-      model.qa_outputs.bias.copy_(torch.from_numpy(draws["bias"]))
+    ref.set_linear(model.qa_outputs, draws)
   model.train()
   opt = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.999), eps=1e-8,
                           weight_decay=0.0)

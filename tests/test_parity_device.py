@@ -135,7 +135,7 @@ def test_qa_parity_pytorch_side_resumes_where_it_was_stopped(tmp_path, monkeypat
   data = tmp_path / "data"
   data.mkdir()
   args = argparse.Namespace(checkpoint=tiny_hf_checkpoint(tmp_path, _tiny_squad(str(data), 100, 8, "2.0")),
-                            seq_len=32, doc_stride=8, lr=1e-3, epochs=1, paired=0, checkpoint_every=0,
+                            seq_len=32, doc_stride=8, lr=1e-3, epochs=1, paired=1, checkpoint_every=0,
                             batch_size=8, warmup_fraction=0.3)
   config = qa_parity.bertjax_config(args, "2.0", str(data), 0)
   config.task.max_query_length = 8

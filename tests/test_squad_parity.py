@@ -78,9 +78,7 @@ def test_squad_steps_match_bert_for_question_answering(tmp_path):
   initial = jax.tree.map(np.asarray, params)
 
   hf = transformers.BertForQuestionAnswering.from_pretrained(dirs[0], attn_implementation="eager")
-  with torch.no_grad():  # the fresh head: ours, in both
-    hf.qa_outputs.weight.copy_(torch.tensor(initial["qa_outputs"]["kernel"].T))
-    hf.qa_outputs.bias.copy_(torch.tensor(initial["qa_outputs"]["bias"]))
+  ref.set_linear(hf.qa_outputs, initial["qa_outputs"])  # the fresh head: ours, in both
   hf = ref.reference_semantics(hf)
   view = ml_collections.ConfigDict(dict(learning_rate=config.learning_rate, warmup_steps=5, total_steps=STEPS,
                                         optimizer=config.optimizer.to_dict()))

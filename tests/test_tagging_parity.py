@@ -97,14 +97,6 @@ def _run(task, model, params, enc, config, hf, batches, hf_inputs):
   return ours, theirs
 
 
-def _copy_head(hf, initial, names):
-  with torch.no_grad():
-    for hf_name, ours in names.items():
-      module = hf.get_submodule(hf_name)
-      module.weight.copy_(torch.tensor(np.asarray(initial[ours]["kernel"]).T))
-      module.bias.copy_(torch.tensor(np.asarray(initial[ours]["bias"])))
-
-
 def test_token_classification_steps_match_transformers(tmp_path):
   pre, pretrained, dirs, config = _setup(tmp_path)
   config.learning_rate = 1e-3  # large enough that 20 steps move the loss visibly
@@ -113,7 +105,7 @@ def test_token_classification_steps_match_transformers(tmp_path):
   params, fresh = init_params(model, jax.random.key(3), pretrained, None)
   assert fresh == ["classifier"]
   hf = transformers.BertForTokenClassification.from_pretrained(dirs[0], num_labels=LABELS, attn_implementation="eager")
-  _copy_head(hf, params, {"classifier": "classifier"})
+  ref.copy_heads(hf, params, {"classifier": "classifier"})
 
   def hf_inputs(batch):
     labels = np.where(batch["tag_weight"] > 0, batch["tag"], -100)
@@ -133,7 +125,7 @@ def test_multiple_choice_steps_match_transformers(tmp_path):
   params, fresh = init_params(model, jax.random.key(3), pretrained, pretrained["sentence"]["pooler"])
   assert fresh == ["classifier"]
   hf = transformers.BertForMultipleChoice.from_pretrained(dirs[0], attn_implementation="eager")
-  _copy_head(hf, params, {"classifier": "classifier"})
+  ref.copy_heads(hf, params, {"classifier": "classifier"})
 
   def hf_inputs(batch):
     return dict(input_ids=ref.long(batch["input_ids"]), attention_mask=ref.long(batch["groups"]),

@@ -105,6 +105,20 @@ def adamw(config, modules, lr_scale=None):
   return opt, sched, list(named.values())
 
 
+def set_linear(module: torch.nn.Linear, dense) -> None:
+  """Copies a flax Dense's parameters ({"kernel": [in, out], "bias": [out]}, numpy or jax) into `module`."""
+  with torch.no_grad():
+    module.weight.copy_(torch.as_tensor(np.asarray(dense["kernel"]).T))
+    module.bias.copy_(torch.as_tensor(np.asarray(dense["bias"])))
+
+
+def copy_heads(model, params, names: dict) -> None:
+  """A task head bertjax initialized, in the transformers `model` too: `names` maps each HF submodule name
+  (`classifier`, `classifier.dense`, `qa_outputs`) to the bertjax Dense in `params` it takes."""
+  for hf_name, ours in names.items():
+    set_linear(model.get_submodule(hf_name), params[ours])
+
+
 def long(x) -> torch.Tensor:
   return torch.tensor(np.asarray(x), dtype=torch.long)
 
