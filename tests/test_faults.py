@@ -169,3 +169,26 @@ def test_a_full_disk_is_recognized_in_python_and_tensorstore_errors():
                            "to file 10: File too large [os_error_code='27']")
   assert checkpoint.is_disk_full(tensorstore) == "file too large"
   assert checkpoint.is_disk_full(ValueError("shape mismatch")) == ""
+
+
+def test_closed_loop_echoes_of_a_full_disk_are_dropped_whichever_comes_first_and_kept_without_one():
+  import logging
+
+  from bertjax.train.checkpoint import _DiskFullNoise
+
+  def echo():
+    return RuntimeError("Event loop is closed")
+
+  full = logging.LogRecord("absl", logging.ERROR, "", 0, "write failed: File too large", None, None)
+  for order in ("echo first", "news first", "no full disk"):
+    noise, printed = _DiskFullNoise(), []
+    hook = noise.wrap(lambda e: printed.append(str(e)), lambda e: e)
+    if order == "news first":
+      assert noise.filter(full) is False
+    hook(echo())  # tensorstore's callback into a closed loop (CI saw it before orbax's log)
+    hook(ValueError("another error"))  # never held back
+    if order == "echo first":
+      noise.noticed()  # the run's own handler met the full disk
+    noise.release()  # at exit
+    want = ["another error", "Event loop is closed"] if order == "no full disk" else ["another error"]
+    assert printed == want, order

@@ -94,10 +94,15 @@ class _DiskFullNoise:
   """Keeps a full disk's echoes off stderr, so that the run's own one-line error says it: orbax logs each of
   its failed background writes with a traceback, asyncio reports their futures' unread exceptions, and
   tensorstore's callbacks raise "Event loop is closed" into the closed event loops of those writes. Other
-  errors pass untouched."""
+  errors pass untouched.
+
+  The echoes race the news: tensorstore may report a closed loop before orbax logs the failed write, so an
+  "Event loop is closed" report that comes before any sign of a full disk is held, not printed, and printed at
+  exit only if no full disk was noticed by then (by orbax's log or by the run's own handler: `noticed`)."""
 
   def __init__(self):
     self.seen = False
+    self.held = []
 
   def filter(self, record) -> bool:  # logging.Filter protocol, on absl's logger (orbax logs through absl)
     text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else "")
@@ -106,14 +111,27 @@ class _DiskFullNoise:
       return False
     return True
 
+  def noticed(self):
+    """The run found a full disk itself (a checkpoint write's error reached it): its echoes are noise."""
+    self.seen = True
+
   def wrap(self, hook, exc_of):
     def quiet(*args):
-      if not (self.seen and "Event loop is closed" in str(exc_of(*args))):
+      if "Event loop is closed" not in str(exc_of(*args)):
         hook(*args)
+      elif not self.seen:
+        self.held.append((hook, args))
     return quiet
+
+  def release(self):
+    """At exit: the held reports, unless a full disk explained them."""
+    held, self.held = self.held, []
+    for hook, args in held if not self.seen else ():
+      hook(*args)
 
   def install(self):
     """Installs the filter and the hooks for the rest of the process (a run ends its process, or is a test's)."""
+    import atexit
     import logging
     import threading
 
@@ -122,16 +140,18 @@ class _DiskFullNoise:
     sys.excepthook = self.wrap(sys.excepthook, lambda t, value, tb: value)
     threading.excepthook = self.wrap(threading.excepthook, lambda args: args.exc_value)
     sys.unraisablehook = self.wrap(sys.unraisablehook, lambda args: args.exc_value)
+    atexit.register(self.release)
 
 
 _NOISE = []
 
 
 def quiet_disk_full_noise():
-  """Installs _DiskFullNoise once per process."""
+  """Installs _DiskFullNoise once per process; returns it."""
   if not _NOISE:
     _NOISE.append(_DiskFullNoise())
     _NOISE[0].install()
+  return _NOISE[0]
 
 
 def restore_params(path: str, abstract_params):

@@ -393,6 +393,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
     ckpt.close()  # the last async save lands (or fails) here, inside the handler below
   except Exception as e:
     if checkpoint.is_disk_full(e):
+      checkpoint.quiet_disk_full_noise().noticed()  # late "Event loop is closed" echoes of the failed writes: noise
       latest = supervisor.last_checkpoint([f"--workdir={workdir}"])
       raise UserError(f"the disk is full: a checkpoint write in {ckpt.directory} failed ({checkpoint.is_disk_full(e)}, "
                       f"noticed at step {step + 1});"
