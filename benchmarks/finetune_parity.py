@@ -79,6 +79,7 @@ def finetune_config(args, task: str, data_dir: str, seed: int):
   c.optimizer.schedule, c.optimizer.eps, c.optimizer.weight_decay = "linear_after_warmup", 1e-6, 0.01
   c.optimizer.bias_correction = True  # torch.optim.AdamW's rule (the GLUE presets default to BERT's, without)
   c.model.classifier_dropout = c.model.dropout = c.model.attention_dropout = args.dropout
+  c.model.dropout_rng = args.dropout_rng
   c.init.checkpoint, c.task.source = args.checkpoint, f"tsv:{data_dir}"
   c.log_every = 10_000
   return parity_device.configure(c, args)
@@ -207,6 +208,9 @@ def main():
   p.add_argument("--epochs", type=int, default=3, help="training epochs, both sides (run_glue's default: 3)")
   p.add_argument("--lr", type=float, default=5e-5)
   p.add_argument("--dropout", type=float, default=0.1, help="hidden, attention and classifier dropout, both sides")
+  p.add_argument("--dropout_rng", default="auto",
+                 help="bertjax's dropout masks' generator (model.dropout_rng: auto, threefry, lowbias32; auto is "
+                      "lowbias32 on the CPU); PyTorch draws its own")
   p.add_argument("--paired", type=int, default=1,
                  help="1: PyTorch's seed s starts from bertjax's seed-s classifier and row order (dropout stays each "
                       "side's own); 0: each side draws its own")
