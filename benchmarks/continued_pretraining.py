@@ -110,7 +110,7 @@ def main():
   from bertjax.finetune import train
 
   data_dir = finetune_parity.write_subset(args.data + "/glue", "sst2", args.sst2_train, os.path.join(work, "sst2"))
-  recipe = argparse.Namespace(batch_size=32, seq_len=0, lr=5e-5, dropout=0.1)
+  recipe = argparse.Namespace(batch_size=32, seq_len=0, epochs=3, lr=5e-5, dropout=0.1)
   results = {}
   for name, ckpt in (("original", checkpoint), ("adapted", adapted_hf)):
     config = finetune_parity.finetune_config(argparse.Namespace(**vars(recipe), checkpoint=ckpt), "sst2", data_dir, 0)
