@@ -79,7 +79,7 @@ def finetune_config(args, task: str, data_dir: str, seed: int):
   c.optimizer.schedule, c.optimizer.eps, c.optimizer.weight_decay = "linear_after_warmup", 1e-6, 0.01
   c.optimizer.bias_correction = True  # torch.optim.AdamW's rule (the GLUE presets default to BERT's, without)
   c.model.classifier_dropout = c.model.dropout = c.model.attention_dropout = args.dropout
-  c.model.dropout_rng = getattr(args, "dropout_rng", "auto")  # other scripts pass their own args (early_exit.py)
+  c.model.dropout_rng = getattr(args, "dropout_rng", "auto")  # other scripts pass args without the flag
   c.init.checkpoint, c.task.source = args.checkpoint, f"tsv:{data_dir}"
   c.log_every = 10_000
   return parity_device.configure(c, args)

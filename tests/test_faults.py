@@ -176,16 +176,13 @@ def test_closed_loop_echoes_of_a_full_disk_are_dropped_whichever_comes_first_and
 
   from bertjax.train.checkpoint import _DiskFullNoise
 
-  def echo():
-    return RuntimeError("Event loop is closed")
-
   full = logging.LogRecord("absl", logging.ERROR, "", 0, "write failed: File too large", None, None)
   for order in ("echo first", "news first", "no full disk"):
     noise, printed = _DiskFullNoise(), []
     hook = noise.wrap(lambda e: printed.append(str(e)), lambda e: e)
     if order == "news first":
       assert noise.filter(full) is False
-    hook(echo())  # tensorstore's callback into a closed loop (CI saw it before orbax's log)
+    hook(RuntimeError("Event loop is closed"))  # tensorstore's callback into a closed loop (CI saw it before orbax's log)
     hook(ValueError("another error"))  # never held back
     if order == "echo first":
       noise.noticed()  # the run's own handler met the full disk

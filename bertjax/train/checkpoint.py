@@ -125,9 +125,10 @@ class _DiskFullNoise:
 
   def release(self):
     """At exit: the held reports, unless a full disk explained them."""
-    held, self.held = self.held, []
-    for hook, args in held if not self.seen else ():
-      hook(*args)
+    if not self.seen:
+      for hook, args in self.held:
+        hook(*args)
+    self.held = []
 
   def install(self):
     """Installs the filter and the hooks for the rest of the process (a run ends its process, or is a test's)."""

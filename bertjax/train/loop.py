@@ -392,10 +392,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, held: c
           return steps.stored(state)
     ckpt.close()  # the last async save lands (or fails) here, inside the handler below
   except Exception as e:
-    if checkpoint.is_disk_full(e):
+    full = checkpoint.is_disk_full(e)
+    if full:
       checkpoint.quiet_disk_full_noise().noticed()  # late "Event loop is closed" echoes of the failed writes: noise
       latest = supervisor.last_checkpoint([f"--workdir={workdir}"])
-      raise UserError(f"the disk is full: a checkpoint write in {ckpt.directory} failed ({checkpoint.is_disk_full(e)}, "
+      raise UserError(f"the disk is full: a checkpoint write in {ckpt.directory} failed ({full}, "
                       f"noticed at step {step + 1});"
                       f"{latest} free space (or lower --config.keep_checkpoints) and run the same command to "
                       "resume") from None
